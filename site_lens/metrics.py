@@ -1,0 +1,49 @@
+"""Scoring: first-token accuracy, the paper's (prefix) exact match, and strict match.
+
+``normalize`` follows the paper's evaluation: the first line of the generation,
+cut at "(", stripped, lower-cased unless the task is about case. Exact match
+is a *prefix* match (normalised prediction starts with the normalised target),
+as the paper scores it; it is lenient ("ant, small, sofa" counts for "ant").
+Strict match requires equality.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+def normalize(text: str, case_sensitive: bool = False) -> str:
+    """First line, cut at '(', stripped, lower-cased unless ``case_sensitive``."""
+    line = text.strip().split("\n")[0]
+    line = line.split("(")[0].strip()
+    return line if case_sensitive else line.lower()
+
+
+def exact_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
+    """The paper's metric: the normalised prediction starts with the normalised target."""
+    p, t = normalize(pred, case_sensitive), normalize(target, case_sensitive)
+    return bool(t) and p.startswith(t)
+
+
+def strict_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
+    """The normalised prediction equals the normalised target."""
+    return normalize(pred, case_sensitive) == normalize(target, case_sensitive)
+
+
+def first_token_accuracy(logits: Float[Tensor, "batch d_vocab"], targets: Int[Tensor, " batch"] | Sequence[int]) -> float:
+    """Share of rows whose argmax is the answer's first token."""
+    targets = torch.as_tensor(targets, device=logits.device)
+    return float((logits.argmax(-1) == targets).float().mean())
+
+
+def score(preds: Sequence[str], targets: Sequence[str], case_sensitive: bool = False) -> dict[str, float]:
+    """Mean exact and strict match over a set of generations."""
+    n = max(1, len(preds))
+    return {
+        "exact_match": sum(exact_match(p, t, case_sensitive) for p, t in zip(preds, targets)) / n,
+        "strict_match": sum(strict_match(p, t, case_sensitive) for p, t in zip(preds, targets)) / n,
+    }

@@ -1,0 +1,258 @@
+"""Stage 2: the alpha gate and its trainer.
+
+``AlphaGate`` holds one parameter theta per (layer, head); alpha = sigmoid(theta)
+mixes each head's zero-shot ``hook_z`` with the task embedding at the last
+prompt token. ``AlphaTrainer.fit`` trains theta alone (the model is frozen)
+with Adam on the cross-entropy of the answer's first token, validating every
+``eval_every`` steps and keeping the theta with the lowest valid loss.
+
+Fast path (default): the injection only changes the last prompt token, so every
+earlier position's keys and values do not depend on alpha. They are computed
+once per prompt (TransformerLens's KV cache, frozen), and each step runs only
+the last token against them. The naive path (``fast=False``) runs whole
+prompts; tests check the two agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens import HookedTransformer
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+from .config import SelectionConfig
+from .inject import Hooks, injection_hooks, last_logits, pad_id, pad_right
+
+log = logging.getLogger(__name__)
+
+
+class AlphaGate(nn.Module):
+    """alpha = sigmoid(theta), one scalar per (layer, head); theta starts at ``theta_init``."""
+
+    def __init__(self, n_layers: int, n_heads: int, theta_init: float = 0.0):
+        super().__init__()
+        self.theta = nn.Parameter(torch.full((n_layers, n_heads), float(theta_init)))
+
+    def alpha(self) -> Float[Tensor, "layer head_index"]:
+        return torch.sigmoid(self.theta)
+
+    def hooks(self, model: HookedTransformer, t: Float[Tensor, "layer head_index d_head"], pos) -> Hooks:
+        """Injection hooks for one forward pass (differentiable in theta)."""
+        return injection_hooks(model, t, self.alpha(), pos)
+
+
+@dataclass
+class Example:
+    """A zero-shot prompt as tokens and the id of its answer's first token."""
+
+    tokens: list[int]
+    target: int
+
+
+@dataclass
+class TrainHistory:
+    step: list[int] = field(default_factory=list)  # steps at which the train loss was logged
+    loss: list[float] = field(default_factory=list)
+    valid_step: list[int] = field(default_factory=list)
+    valid_loss: list[float] = field(default_factory=list)
+    best_step: int | None = None
+    best_valid_loss: float | None = None
+    stopped_early: str | None = None  # why training stopped before ``steps``
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _PrefixCache:
+    """Frozen keys/values of every prompt's tokens except the last, grouped by length."""
+
+    def __init__(self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 32):
+        self.model = model
+        self.where: dict[int, tuple[int, int]] = {}  # example index -> (prefix length, row in group)
+        self.groups: dict[int, list[tuple[Tensor, Tensor]]] = {}  # length -> per layer (keys, values)
+        by_len: dict[int, list[int]] = {}
+        for i, ex in enumerate(examples):
+            by_len.setdefault(len(ex.tokens) - 1, []).append(i)
+        device = model.cfg.device
+        for length, idx in by_len.items():
+            parts: list[list[tuple[Tensor, Tensor]]] = []
+            for s in range(0, len(idx), batch_size):
+                chunk = idx[s : s + batch_size]
+                tokens = torch.tensor([examples[i].tokens[:-1] for i in chunk], device=device)
+                cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, len(chunk))
+                with torch.no_grad():  # not inference_mode: these tensors enter autograd graphs later
+                    model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
+                parts.append([(e.past_keys, e.past_values) for e in cache.entries])
+            self.groups[length] = [
+                (torch.cat([p[layer][0] for p in parts]), torch.cat([p[layer][1] for p in parts]))
+                for layer in range(model.cfg.n_layers)
+            ]
+            for row, i in enumerate(idx):
+                self.where[i] = (length, row)
+
+    def batch(self, indices: Sequence[int]) -> list[tuple[int, list[int], TransformerLensKeyValueCache]]:
+        """Split ``indices`` by prefix length: (length, indices, frozen cache of their prefixes)."""
+        by_len: dict[int, list[int]] = {}
+        for i in indices:
+            by_len.setdefault(self.where[i][0], []).append(i)
+        out = []
+        for length, idx in by_len.items():
+            rows = torch.tensor([self.where[i][1] for i in idx], device=self.model.cfg.device)
+            cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, len(idx))
+            for entry, (k, v) in zip(cache.entries, self.groups[length]):
+                entry.past_keys = k.index_select(0, rows)
+                entry.past_values = v.index_select(0, rows)
+            cache.previous_attention_mask = torch.ones((len(idx), length), dtype=torch.long, device=self.model.cfg.device)
+            cache.freeze()
+            out.append((length, idx, cache))
+        return out
+
+
+class AlphaTrainer:
+    """Trains an ``AlphaGate`` for one task embedding on a frozen model."""
+
+    def __init__(
+        self,
+        model: HookedTransformer,
+        t: Float[Tensor, "layer head_index d_head"],
+        cfg: SelectionConfig | None = None,
+        seed: int = 0,
+    ):
+        self.model = model
+        self.cfg = cfg or SelectionConfig()
+        self.seed = seed
+        self.t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
+        model.requires_grad_(False)  # the model is frozen: only theta is trained
+        torch.manual_seed(seed)
+        self.gate = AlphaGate(model.cfg.n_layers, model.cfg.n_heads, self.cfg.theta_init).to(model.cfg.device)
+        self.history = TrainHistory()
+
+    # ------------------------------------------------------------ losses
+
+    def loss_naive(self, examples: Sequence[Example]) -> Tensor:
+        """Mean first-token CE with whole prompts run through the model (the reference)."""
+        tokens, _, last = pad_right([e.tokens for e in examples], pad_id(self.model), self.model.cfg.device)
+        logits = last_logits(self.model, tokens, last, hooks=self.gate.hooks(self.model, self.t, last))
+        target = torch.tensor([e.target for e in examples], device=logits.device)
+        return F.cross_entropy(logits.float(), target)
+
+    def loss_fast(self, examples: Sequence[Example], cache: _PrefixCache, indices: Sequence[int]) -> Tensor:
+        """The same loss, running only the last prompt token against cached prefixes."""
+        total = torch.zeros((), device=self.model.cfg.device)
+        device = self.model.cfg.device
+        for _, idx, kv in cache.batch(indices):
+            last_tok = torch.tensor([[examples[i].tokens[-1]] for i in idx], device=device)
+            zero = torch.zeros(len(idx), dtype=torch.long, device=device)
+            logits = last_logits(
+                self.model,
+                last_tok,
+                zero,
+                hooks=self.gate.hooks(self.model, self.t, 0),
+                attention_mask=torch.ones_like(last_tok),
+                past_kv_cache=kv,
+            )
+            target = torch.tensor([examples[i].target for i in idx], device=device)
+            total = total + F.cross_entropy(logits.float(), target, reduction="sum")
+        return total / len(indices)
+
+    # ------------------------------------------------------------ training
+
+    def schedule(self, n_train: int) -> list[list[int]]:
+        """Indices of the training examples for each step: a seeded permutation, cycled."""
+        rng = random.Random(self.seed)
+        out: list[list[int]] = []
+        pool: list[int] = []
+        for _ in range(self.cfg.steps):
+            batch = []
+            for _ in range(self.cfg.batch_size):
+                if not pool:
+                    pool = list(range(n_train))
+                    rng.shuffle(pool)
+                batch.append(pool.pop())
+            out.append(batch)
+        return out
+
+    def valid_loss(self, valid: Sequence[Example], cache: _PrefixCache | None) -> float:
+        with torch.no_grad():
+            if cache is not None:
+                return float(self.loss_fast(valid, cache, range(len(valid))))
+            return float(sum(self.loss_naive(valid[i : i + 32]) * len(valid[i : i + 32]) for i in range(0, len(valid), 32)) / len(valid))
+
+    def fit(self, train: Sequence[Example], valid: Sequence[Example] = (), progress=None) -> AlphaGate:
+        """Train theta; returns the gate holding the best (or last) theta."""
+        if not train:
+            raise ValueError("AlphaTrainer.fit needs at least one training example")
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        valid = list(valid)[: cfg.max_valid]
+        plan = self.schedule(len(train))
+        used = sorted({i for b in plan for i in b})
+        fast = cfg.fast
+        tr_cache = _PrefixCache(self.model, [train[i] for i in used]) if fast and used else None
+        remap = {i: j for j, i in enumerate(used)}
+        used_examples = [train[i] for i in used]
+        va_cache = _PrefixCache(self.model, valid) if fast and valid and cfg.eval_every else None
+        opt = torch.optim.Adam(self.gate.parameters(), lr=cfg.lr)
+        best = (math.inf, None, None)  # (valid loss, step, theta)
+        last_good = self.gate.theta.detach().clone()
+        for step, batch in enumerate(plan, start=1):
+            opt.zero_grad(set_to_none=True)
+            if fast:
+                loss = self.loss_fast(used_examples, tr_cache, [remap[i] for i in batch])
+            else:
+                loss = self.loss_naive([train[i] for i in batch])
+            if not torch.isfinite(loss):
+                self.history.stopped_early = f"non-finite loss ({loss.item()}) at step {step}; kept the theta of step {step - 1}"
+                log.error(self.history.stopped_early)
+                with torch.no_grad():
+                    self.gate.theta.copy_(last_good)
+                break
+            loss.backward()
+            opt.step()
+            if not torch.isfinite(self.gate.theta).all():
+                self.history.stopped_early = f"non-finite theta after step {step}; kept the theta of step {step - 1}"
+                log.error(self.history.stopped_early)
+                with torch.no_grad():
+                    self.gate.theta.copy_(last_good)
+                break
+            last_good = self.gate.theta.detach().clone()
+            self.history.step.append(step)
+            self.history.loss.append(loss.item())
+            if valid and cfg.eval_every and (step % cfg.eval_every == 0 or step == len(plan)):
+                vl = self.valid_loss(valid, va_cache)
+                self.history.valid_step.append(step)
+                self.history.valid_loss.append(vl)
+                if vl < best[0]:
+                    best = (vl, step, last_good.clone())
+            if progress is not None:
+                progress(step, self.history.loss[-1])
+        if cfg.keep_best and best[2] is not None:
+            with torch.no_grad():
+                self.gate.theta.copy_(best[2])
+            self.history.best_step, self.history.best_valid_loss = best[1], best[0]
+        self.history.seconds = time.perf_counter() - t0
+        return self.gate
+
+
+def make_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str]]) -> list[Example]:
+    """(prompt, answer) strings -> Examples (prompt tokens, first answer token)."""
+    from .inject import answer_ids, encode
+
+    toks = encode(model, [p for p, _ in prompts])
+    out = []
+    for (p, a), ids in zip(prompts, toks):
+        ans = answer_ids(model, p, a)
+        if not ans:
+            raise ValueError(f"answer {a!r} encodes to no tokens")
+        out.append(Example(tokens=ids, target=ans[0]))
+    return out

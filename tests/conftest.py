@@ -1,0 +1,40 @@
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+FV_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "fv"
+
+
+@pytest.fixture(autouse=True)
+def seed_everything():
+    torch.manual_seed(0)
+    random.seed(0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from helpers import tiny
+
+    torch.manual_seed(0)
+    return tiny()
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    from site_lens import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture
+def fv_dir():
+    if not FV_DIR.is_dir():
+        pytest.skip(f"{FV_DIR} not present")
+    return FV_DIR

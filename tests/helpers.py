@@ -1,0 +1,30 @@
+"""Tiny models and a character tokenizer for fast, offline tests."""
+
+from __future__ import annotations
+
+import string
+
+from transformers import PreTrainedTokenizerFast
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character (printable ASCII + a pad), built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    chars = ["<pad>"] + list(string.printable)
+    vocab = {c: i for i, c in enumerate(chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+    fast.padding_side = "right"
+    return fast
+
+
+def tiny(**overrides):
+    """A tiny random Llama-like HookedTransformer with the character tokenizer."""
+    from site_lens.models import tiny_model
+
+    tok = char_tokenizer()
+    overrides.setdefault("d_vocab", len(tok.get_vocab()))
+    return tiny_model(tokenizer=tok, **overrides)

@@ -1,0 +1,38 @@
+"""The real embedded model (slow; part of `make test`)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_shape_and_hf_parity(smollm):
+    assert (smollm.cfg.n_layers, smollm.cfg.n_heads, smollm.cfg.d_head) == (30, 9, 64)
+    from site_lens.inject import encode
+
+    ids = torch.tensor(encode(smollm, ["Q: hot\nA: cold\n\nQ: big\nA: small\n\nQ: fast\nA:"]))
+    assert smollm.to_string(smollm(ids)[0, -1].argmax()) == " slow"
+
+
+def test_weight_cache_loads_identical_model(smollm, tmp_path):
+    from site_lens.inject import encode
+    from site_lens.models import load_model
+
+    a = load_model("smollm2-135m", cache_dir=tmp_path)  # cold: dequantises, writes the cache
+    b = load_model("smollm2-135m", cache_dir=tmp_path)  # warm: reads the cache
+    ids = torch.tensor(encode(smollm, ["Q: go\nA:"]))
+    assert torch.equal(a(ids), b(ids)) and torch.allclose(a(ids), smollm(ids))
+
+
+def test_site_beats_zero_shot_on_builtin_task(smollm):
+    from site_lens import SiteConfig, evaluate, fit_site, load_task
+    from site_lens.config import SelectionConfig
+
+    task = load_task("antonym")
+    cfg = SiteConfig(selection=SelectionConfig(steps=150, eval_every=50))
+    adapter, history, _ = fit_site(smollm, task, cfg)
+    zero = evaluate(smollm, task, "zero_shot", cfg=cfg.eval)
+    site = evaluate(smollm, task, "site", adapter, cfg=cfg.eval)
+    print("zero", zero["exact_match"], "site", site["exact_match"])
+    assert site["exact_match"] >= zero["exact_match"] + 0.3
+    assert history.loss[-1] < history.loss[0]

@@ -1,0 +1,28 @@
+import torch
+
+from site_lens.embeddings import build_task_embedding, last_token_z
+from site_lens.inject import encode, z_names
+
+
+def test_stage1_equals_hand_computation(model):
+    prompts = ["Q: a\nA: b\n\nQ: c\nA:", "Q: hello\nA: world\n\nQ: x\nA:", "Q: zz\nA:"]
+    t = build_task_embedding(model, prompts, batch_size=2)
+    hand = []
+    for p in prompts:
+        tokens = torch.tensor([encode(model, [p])[0]])
+        _, cache = model.run_with_cache(tokens, names_filter=z_names(model))
+        hand.append(torch.stack([cache[n][0, -1] for n in z_names(model)]))  # (layer, head, d_head)
+    expected = torch.stack(hand).mean(0)
+    assert t.shape == (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    assert torch.allclose(t, expected, atol=1e-6)
+
+
+def test_batch_size_does_not_change_embedding(model):
+    prompts = [f"Q: {w}\nA:" for w in ["a", "bb", "ccc", "dddd", "e"]]
+    assert torch.allclose(build_task_embedding(model, prompts, 1), build_task_embedding(model, prompts, 5), atol=1e-6)
+
+
+def test_only_last_position_is_kept(model):
+    # memory is bounded by caching the last position only: one vector per prompt, layer and head
+    z = last_token_z(model, encode(model, ["Q: a long prompt indeed\nA:", "Q: b\nA:"]))
+    assert z.shape == (2, model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)

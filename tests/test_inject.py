@@ -1,0 +1,121 @@
+import torch
+
+from site_lens.inject import encode, gate_hook, generate_greedy, injection_hooks, last_logits, pad_right, z_names
+from site_lens.models import fast_layout, tiny_model
+
+
+def _t(model):
+    return torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+
+
+def test_alpha_zero_leaves_logits_identical(model):
+    tokens = torch.tensor([encode(model, ["Q: cat\nA:"])[0]])
+    alpha = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    base = model(tokens)
+    with model.hooks(fwd_hooks=injection_hooks(model, _t(model), alpha, -1)):
+        patched = model(tokens)
+    assert torch.equal(base, patched)
+
+
+def test_alpha_one_replaces_z_at_last_token_only(model):
+    tokens = torch.tensor([encode(model, ["Q: dog\nA:"])[0]])
+    t = _t(model)
+    alpha = torch.ones(model.cfg.n_layers, model.cfg.n_heads)
+    _, clean = model.run_with_cache(tokens, names_filter=z_names(model))
+    seen = {}
+
+    def grab(z, hook):
+        seen[hook.name] = z.detach().clone()
+
+    hooks = injection_hooks(model, t, alpha, -1) + [(n, grab) for n in z_names(model)]
+    with model.hooks(fwd_hooks=hooks):
+        model(tokens)
+    for layer, name in enumerate(z_names(model)):
+        assert torch.equal(seen[name][0, -1], t[layer])
+    # layer 0 sees clean inputs everywhere, so its earlier positions are untouched
+    assert torch.equal(seen[z_names(model)[0]][0, :-1], clean[z_names(model)[0]][0, :-1])
+    # and injection at the last token cannot change earlier positions in any layer (causal)
+    for name in z_names(model):
+        assert torch.allclose(seen[name][0, :-1], clean[name][0, :-1], atol=1e-6)
+
+
+def test_padded_batch_changes_only_each_rows_last_token(model):
+    seqs = encode(model, ["Q: a\nA:", "Q: longer one\nA:"])
+    tokens, _, last = pad_right(seqs, 0)
+    t = _t(model)
+    alpha = torch.full((model.cfg.n_layers, model.cfg.n_heads), 0.7)
+    _, clean = model.run_with_cache(tokens, names_filter=z_names(model))
+    seen = {}
+
+    def grab(z, hook):
+        seen[hook.name] = z.detach().clone()
+
+    with model.hooks(fwd_hooks=injection_hooks(model, t, alpha, last) + [(n, grab) for n in z_names(model)]):
+        model(tokens)
+    name = z_names(model)[0]
+    diff = (seen[name] - clean[name]).abs().sum(dim=(-1, -2))  # (batch, pos)
+    changed = diff > 0
+    expected = torch.zeros_like(changed)
+    expected[torch.arange(2), last] = True
+    assert torch.equal(changed, expected)
+    # each row's injected logits equal that row run alone
+    lb = last_logits(model, tokens, last, hooks=injection_hooks(model, t, alpha, last))
+    for i, s in enumerate(seqs):
+        alone = last_logits(model, torch.tensor([s]), torch.tensor([len(s) - 1]), hooks=injection_hooks(model, t, alpha, -1))
+        assert torch.allclose(lb[i], alone[0], atol=1e-5)
+
+
+def test_gate_hook_is_differentiable_in_alpha():
+    z = torch.randn(2, 3, 4, 5)
+    t = torch.randn(4, 5)
+    alpha = torch.full((4,), 0.5, requires_grad=True)
+    from transformer_lens.hook_points import HookPoint
+
+    out = gate_hook(z, HookPoint(), t, alpha, torch.tensor([2, 1]))
+    out.sum().backward()
+    assert alpha.grad is not None and alpha.grad.abs().sum() > 0
+
+
+def test_cached_generation_equals_uncached_with_injection_at_same_position(model):
+    prompts = encode(model, ["Q: sun\nA:", "Q: moonlight\nA:", "Q: x\nA:"])
+    t = _t(model) * 3
+    alpha = torch.rand(model.cfg.n_layers, model.cfg.n_heads)
+
+    def hooks(last):
+        return injection_hooks(model, t, alpha, last)
+
+    cached, first_c = generate_greedy(model, prompts, max_new_tokens=8, prefill_hooks=hooks, stop_ids=set())
+    uncached, first_u = generate_greedy(model, prompts, max_new_tokens=8, prefill_hooks=hooks, stop_ids=set(), use_cache=False)
+    assert cached == uncached
+    assert all(len(c) == 8 for c in cached)
+    assert torch.allclose(first_c, first_u, atol=1e-5)
+    # batching does not change results either
+    single = [generate_greedy(model, [p], max_new_tokens=8, prefill_hooks=hooks, stop_ids=set())[0][0] for p in prompts]
+    assert single == cached
+    # and injection matters: without it the continuation differs for some prompt
+    plain, _ = generate_greedy(model, prompts, max_new_tokens=8, stop_ids=set())
+    assert plain != cached
+
+
+def test_generation_stops_at_stop_ids(model):
+    prompts = encode(model, ["Q: sun\nA:"])
+    out, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set())
+    stop = {out[0][2]}
+    out2, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=stop)
+    assert out2[0] == out[0][: out[0].index(out[0][2]) + 1]
+
+
+def test_fast_layout_is_bit_identical():
+    from helpers import char_tokenizer
+
+    torch.manual_seed(1)
+    a = tiny_model(tokenizer=char_tokenizer(), d_vocab=101)
+    tokens = torch.tensor([encode(a, ["Q: layout\nA:"])[0]])
+    before = a(tokens)
+    # undo the layout: plain contiguous copies, as TransformerLens stores them
+    for p in a.parameters():
+        p.data = p.data.contiguous()
+    plain = a(tokens)
+    fast_layout(a)
+    after = a(tokens)
+    assert torch.equal(before, after) and torch.allclose(plain, after, atol=1e-6)

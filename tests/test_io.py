@@ -1,0 +1,65 @@
+import json
+
+import pytest
+import torch
+
+from site_lens.io import Adapter, AdapterError, load_adapter, save_adapter
+from site_lens.models import model_identity
+from site_lens.pipeline import predict
+
+
+def _adapter(model):
+    c = model.cfg
+    return Adapter(
+        t=torch.randn(c.n_layers, c.n_heads, c.d_head),
+        theta=torch.randn(c.n_layers, c.n_heads),
+        model=model_identity(model),
+        meta={"task": "x", "seed": 0},
+    )
+
+
+def test_round_trip_gives_identical_outputs(model, tmp_path):
+    a = _adapter(model)
+    save_adapter(a, tmp_path / "ad")
+    b = load_adapter(tmp_path / "ad", model_identity(model))
+    assert torch.equal(a.t, b.t) and torch.equal(a.theta, b.theta) and b.meta == a.meta
+    prompts = ["Q: cat\nA:", "Q: dog\nA:"]
+    assert predict(model, prompts, a)[0] == predict(model, prompts, b)[0]
+    assert torch.equal(predict(model, prompts, a)[1], predict(model, prompts, b)[1])
+
+
+def test_mismatched_model_is_refused(model, tmp_path):
+    from helpers import tiny
+
+    save_adapter(_adapter(model), tmp_path / "ad")
+    other = tiny(n_layers=3)
+    with pytest.raises(AdapterError, match="n_layers"):
+        load_adapter(tmp_path / "ad", model_identity(other))
+    ident = model_identity(model)
+    ident["processing"] = {**ident["processing"], "fold_ln": True}
+    with pytest.raises(AdapterError, match="processing"):
+        load_adapter(tmp_path / "ad", ident)
+
+
+def test_corrupt_adapters_give_clear_errors(model, tmp_path):
+    save_adapter(_adapter(model), tmp_path / "ad")
+    w = tmp_path / "ad" / "adapter.safetensors"
+    data = w.read_bytes()
+    w.write_bytes(data[: len(data) // 2])
+    with pytest.raises(AdapterError, match="unreadable safetensors"):
+        load_adapter(tmp_path / "ad")
+    save_adapter(_adapter(model), tmp_path / "ad")
+    (tmp_path / "ad" / "cfg.json").write_text("{oops")
+    with pytest.raises(AdapterError, match="not valid JSON"):
+        load_adapter(tmp_path / "ad")
+    save_adapter(_adapter(model), tmp_path / "ad")
+    cfg = json.loads((tmp_path / "ad" / "cfg.json").read_text())
+    cfg["model"]["n_heads"] += 1
+    (tmp_path / "ad" / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(AdapterError, match="shape"):
+        load_adapter(tmp_path / "ad")
+    (tmp_path / "ad" / "cfg.json").unlink()
+    with pytest.raises(AdapterError, match="missing"):
+        load_adapter(tmp_path / "ad")
+    with pytest.raises(AdapterError, match="not found"):
+        load_adapter(tmp_path / "nothing")

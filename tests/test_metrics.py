@@ -1,0 +1,28 @@
+import torch
+
+from site_lens.metrics import exact_match, first_token_accuracy, normalize, score, strict_match
+
+
+def test_normalize_first_line_paren_case():
+    assert normalize(" Paris (France)\nmore") == "paris"
+    assert normalize(" APPLE\n", case_sensitive=True) == "APPLE"
+
+
+def test_prefix_match_is_lenient_strict_is_not():
+    assert exact_match(" ant, small, sofa", "ant")
+    assert not strict_match(" ant, small, sofa", "ant")
+    assert strict_match(" Ant\n\nQ:", "ant")
+    assert not exact_match(" an", "ant")
+    assert not exact_match("", "ant")
+
+
+def test_case_sensitive_tasks_keep_case():
+    assert not exact_match(" apple", "Apple", case_sensitive=True)
+    assert exact_match(" apple", "Apple", case_sensitive=False)
+
+
+def test_score_and_first_token_accuracy():
+    s = score([" a b", " c", " x"], ["a", "c", "y"])
+    assert s == {"exact_match": 2 / 3, "strict_match": 1 / 3}
+    logits = torch.tensor([[0.0, 1.0], [2.0, 1.0]])
+    assert first_token_accuracy(logits, [1, 1]) == 0.5

@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from site_lens.inject import PromptTooLongError, generate_greedy
+from site_lens.models import ModelError, build_cfg, load_model, model_identity
+from site_lens.pipeline import predict
+
+
+def test_unknown_model_is_one_line_error():
+    with pytest.raises(ModelError, match="unknown model 'nope'") as e:
+        load_model("nope")
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_dtype():
+    with pytest.raises(ModelError, match="unknown dtype"):
+        load_model("smollm2-135m", dtype="float7")
+
+
+def test_prompt_longer_than_context(model):
+    with pytest.raises(PromptTooLongError, match="exceeds the model's context of 64"):
+        predict(model, ["Q: " + "x" * 80 + "\nA:"])
+    with pytest.raises(PromptTooLongError):
+        generate_greedy(model, [[1] * 60], max_new_tokens=10)
+
+
+def test_identity_records_shape_and_flags(model):
+    ident = model_identity(model)
+    assert ident["n_layers"] == 2 and ident["n_heads"] == 4 and ident["processing"]["fold_value_biases"] is False
+
+
+def test_build_cfg_overrides():
+    assert build_cfg(n_layers=5).n_layers == 5
