@@ -17,6 +17,7 @@ token the model is scored on.
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from importlib import resources
@@ -87,9 +88,15 @@ def _parse_pairs(raw: Any, where: str) -> list[Pair]:
             v = item[k]
             if isinstance(v, bool) or not isinstance(v, (str, int, float)):
                 raise TaskError(f"{where}: item {i} '{k}' must be a string or number, got {type(v).__name__}")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise TaskError(f"{where}: item {i} '{k}' is {v}, not a finite number")
             s = str(v).strip()
             if not s:
                 raise TaskError(f"{where}: item {i} has an empty '{k}'")
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate ("\ud800"): no tokenizer can encode it
+                raise TaskError(f"{where}: item {i} '{k}' is not valid Unicode ({e.reason} at character {e.start})") from None
             vals.append(s)
         if "\n" in vals[1]:
             raise TaskError(f"{where}: item {i} 'output' contains a newline (answers are scored on one line)")
@@ -99,7 +106,7 @@ def _parse_pairs(raw: Any, where: str) -> list[Pair]:
 
 def _read_json(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # tolerates a byte-order mark
     except FileNotFoundError:
         raise TaskError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -108,6 +115,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise TaskError(f"{path}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting deeper than the stack
+        raise TaskError(f"{path}: invalid JSON ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})") from None
 
 
 def split_pairs(pairs: Sequence[Pair], seed: int = SPLIT_SEED) -> tuple[list[Pair], list[Pair], list[Pair]]:
@@ -208,6 +217,8 @@ def sample_icl_prompts(
     (one prompt each, ``n_prompts`` ignored) or, if None, from ``pool`` too,
     distinct from that prompt's demonstrations.
     """
+    if n_shots < 0:
+        raise TaskError(f"n_shots must be >= 0, got {n_shots}")
     if queries is None:
         check_enough(pool, n_shots + 1, f"the demonstration pool ({n_shots} shots + 1 query)")
         out = []
