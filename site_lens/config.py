@@ -73,7 +73,7 @@ class EvalConfig(_Config):
 
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
-    batch_size: int = 16  # queries per generation batch (grouped by length)
+    batch_size: int = 64  # queries per generation batch (sorted by length, right-padded)
     max_test: int | None = None  # cap on test items (the first ones), None = all
 
     def __post_init__(self) -> None:

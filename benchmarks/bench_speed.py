@@ -1,0 +1,189 @@
+"""Speed and memory benchmark for smollm2-135m on this machine (issue 5).
+
+Measures side by side, in one run:
+  1. alpha-training step, batch 1: naive (whole prompt) vs fast (cached prefix), interleaved
+  2. Stage 1 for M = 50, N = 10
+  3. per-query latency (batch 1, exactly 20 new tokens): zero-shot, SITE, 10-shot ICL, interleaved
+  4. model load (cold: fresh cache dir; cached), adapter size; peak RSS of a full `site-lens run`
+  5. achieved FLOP/s and bytes/s of the fast step against this machine's measured
+     matmul throughput and gemv (memory) bandwidth
+
+Usage: .venv/bin/python benchmarks/bench_speed.py [--data ../shared/datasets/fv] [--task antonym]
+           [--reps 30] [--full-run] [--out benchmarks/results/speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import site_lens as sl
+from site_lens.inject import encode, generate_greedy, injection_hooks
+from site_lens.pipeline import embedding_prompts
+from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def machine_limits(reps: int = 10) -> dict:
+    """Large sgemm FLOP/s and single-row gemv bandwidth (the memory-bound limit of a 1-token step)."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):
+        a @ b
+    ts = [timed(lambda: a @ b)[0] for _ in range(reps)]
+    gemm = 2 * 1024**3 / med(ts)
+    W = torch.randn(16384, 4096)  # 256 MB: far beyond cache
+    x = torch.randn(1, 4096)
+    torch.nn.functional.linear(x, W)
+    ts = [timed(lambda: torch.nn.functional.linear(x, W))[0] for _ in range(reps)]
+    gemv_bw = W.numel() * 4 / med(ts)
+    return {"sgemm_flops": gemm, "gemv_bytes_per_s": gemv_bw, "threads": torch.get_num_threads()}
+
+
+def step_flops_bytes(model) -> tuple[float, float]:
+    """FLOPs and weight bytes of one 1-token forward+backward (input grads only)."""
+    c = model.cfg
+    kv = c.n_key_value_heads or c.n_heads
+    per_layer = c.d_model * c.d_head * (c.n_heads + 2 * kv) + c.n_heads * c.d_head * c.d_model + 3 * c.d_model * c.d_mlp
+    params = c.n_layers * per_layer + c.d_model * c.d_vocab  # matmul weights touched (incl. unembedding)
+    # forward 2 FLOPs per weight; backward to the inputs only (no weight grads) another 2
+    return 4.0 * params, 2.0 * 4 * params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--task", default="antonym")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--queries", type=int, default=20)
+    ap.add_argument("--full-run", action="store_true", help="also time a full `site-lens run` (subprocess, peak RSS)")
+    ap.add_argument("--out", default="benchmarks/results/speed.json")
+    args = ap.parse_args()
+    res: dict = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+    }
+    res["machine"].update(machine_limits())
+
+    # 4a. model load: cold (fresh cache) vs cached
+    with tempfile.TemporaryDirectory() as tmp:
+        cold, _ = timed(lambda: sl.load_model("smollm2-135m", cache_dir=tmp))
+        warm = [timed(lambda: sl.load_model("smollm2-135m", cache_dir=tmp))[0] for _ in range(3)]
+    res["load_s"] = {"cold": cold, "cached_median": med(warm)}
+    model = sl.load_model("smollm2-135m")
+    task = sl.load_task(args.task, data_dir=args.data)
+
+    # 2. Stage 1, M = 50, N = 10
+    cfg = sl.SiteConfig()
+    prompts = [p for p, _ in embedding_prompts(task, cfg.embedding, 0)]
+    n_tok = sum(len(t) for t in encode(model, prompts))
+    s1 = [timed(lambda: sl.build_task_embedding(model, prompts))[0] for _ in range(2)]
+    t = sl.build_task_embedding(model, prompts)
+    res["stage1"] = {"M": 50, "N": 10, "tokens": n_tok, "seconds_median": med(s1), "tokens_per_s": n_tok / med(s1)}
+
+    # 1. training step: naive vs fast, batch 1, interleaved
+    ex = make_examples(model, zero_shot_prompts(task.train[: args.reps + 5]))
+    tr = AlphaTrainer(model, t)
+    cache = _PrefixCache(model, ex)
+    opt = torch.optim.Adam(tr.gate.parameters(), lr=0.2)
+
+    def step(i, fast):
+        opt.zero_grad(set_to_none=True)
+        loss = tr.loss_fast(ex, cache, [i]) if fast else tr.loss_naive([ex[i]])
+        loss.backward()
+        opt.step()
+
+    for i in range(3):
+        step(i, True), step(i, False)
+    naive, fast = [], []
+    for i in range(args.reps):
+        fast.append(timed(lambda: step(i, True))[0])
+        naive.append(timed(lambda: step(i, False))[0])
+    flops, nbytes = step_flops_bytes(model)
+    fm = med(fast)
+    res["train_step_ms"] = {
+        "naive_median": 1e3 * med(naive),
+        "fast_median": 1e3 * fm,
+        "naive_over_fast": med(naive) / fm,
+        "prompt_tokens_median": med([len(e.tokens) for e in ex]),
+        "fast_gflops": flops / fm / 1e9,
+        "fast_weight_gb_per_s": nbytes / fm / 1e9,
+        "share_of_sgemm_flops": flops / fm / res["machine"]["sgemm_flops"],
+        "share_of_gemv_bandwidth": nbytes / fm / res["machine"]["gemv_bytes_per_s"],
+    }
+
+    # 3. per-query latency, batch 1, exactly 20 new tokens, interleaved
+    alpha = torch.sigmoid(torch.zeros(model.cfg.n_layers, model.cfg.n_heads))
+    queries = task.test[: args.queries]
+    icl = sample_icl_prompts(task.train, 0, 10, random.Random(1), queries=queries)
+    zs = zero_shot_prompts(queries)
+
+    def gen(prompt, hooks=None):
+        return generate_greedy(model, encode(model, [prompt]), max_new_tokens=20, prefill_hooks=hooks, stop_ids=set())
+
+    def site_hooks(last):
+        return injection_hooks(model, t, alpha, last)
+
+    lat = {"zero_shot": [], "site": [], "icl": []}
+    gen(zs[0][0]), gen(zs[0][0], site_hooks), gen(icl[0][0])
+    for (zp, _), (ip, _) in zip(zs, icl):
+        lat["zero_shot"].append(timed(lambda: gen(zp))[0])
+        lat["site"].append(timed(lambda: gen(zp, site_hooks))[0])
+        lat["icl"].append(timed(lambda: gen(ip))[0])
+    m = {k: 1e3 * med(v) for k, v in lat.items()}
+    res["latency_ms_per_query"] = {**m, "site_over_zero_shot": m["site"] / m["zero_shot"], "icl_over_site": m["icl"] / m["site"]}
+
+    # 4b. adapter size
+    with tempfile.TemporaryDirectory() as tmp:
+        ad = sl.Adapter(t=t, theta=torch.zeros(model.cfg.n_layers, model.cfg.n_heads), model=sl.model_identity(model))
+        sl.save_adapter(ad, Path(tmp) / "a")
+        res["adapter_bytes"] = sum(p.stat().st_size for p in (Path(tmp) / "a").iterdir())
+
+    # 4c. a full run (subprocess): wall time after load and peak RSS
+    if args.full_run:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "site_lens", "run", "--model", "smollm2-135m", "--task", args.task, "--max-test", "100", "--out", tmp]
+            if args.data:
+                cmd += ["--data", args.data]
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True)
+            wall = time.perf_counter() - t0
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+            r = json.loads((Path(tmp) / "results.json").read_text())
+            secs = r["seconds"]
+            res["full_run"] = {
+                "command": " ".join(cmd[1:]).replace(tmp, "OUT"),
+                "wall_s": wall,
+                "seconds": secs,
+                "after_load_s": sum(v for k, v in secs.items() if k != "model_load"),
+                "peak_rss_mb": peak / 1e6,
+                "exact_match": {k: r[k]["exact_match"] for k in ("zero_shot", "icl", "site")},
+            }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
