@@ -8,6 +8,7 @@ safetensors are read (no pickle).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -69,7 +70,8 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
             {"t": adapter.t.detach().float().cpu().contiguous(), "theta": adapter.theta.detach().float().cpu().contiguous()},
             str(tmp / WEIGHTS_FILE),
         )
-        cfg = {"format": FORMAT, "model": adapter.model, "meta": adapter.meta}
+        digest = hashlib.sha256((tmp / WEIGHTS_FILE).read_bytes()).hexdigest()  # a few kB: free
+        cfg = {"format": FORMAT, "model": adapter.model, "meta": adapter.meta, "weights_sha256": digest}
         (tmp / CFG_FILE).write_text(json.dumps(cfg, indent=1, sort_keys=True))
         if path.exists():
             old = path.with_name(f".{path.name}.old")
@@ -98,14 +100,19 @@ def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None)
             raise AdapterError(f"{p}: missing from the adapter folder")
     try:
         cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AdapterError(f"{cfg_path}: not valid JSON ({e})") from None
+    except (ValueError, RecursionError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, > 4300-digit ints
+        raise AdapterError(f"{cfg_path}: not valid JSON ({e.__class__.__name__}: {str(e)[:200]})") from None
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT or not isinstance(cfg.get("model"), dict):
         raise AdapterError(f"{cfg_path}: not a {FORMAT} config (needs keys 'format', 'model', 'meta')")
+    if not isinstance(cfg.get("meta", {}), dict):
+        raise AdapterError(f"{cfg_path}: 'meta' must be an object, got {type(cfg['meta']).__name__}")
     try:
         tensors = load_file(str(w_path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise AdapterError(f"{w_path}: unreadable safetensors ({e})") from None
+    want = cfg.get("weights_sha256")  # absent in adapters written before it was recorded
+    if want is not None and hashlib.sha256(w_path.read_bytes()).hexdigest() != want:
+        raise AdapterError(f"{w_path}: contents do not match the SHA-256 in cfg.json (corrupted or replaced)")
     if set(tensors) != {"t", "theta"}:
         raise AdapterError(f"{w_path}: expected tensors 't' and 'theta', found {sorted(tensors)}")
     t, theta = tensors["t"], tensors["theta"]

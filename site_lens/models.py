@@ -316,7 +316,7 @@ def _save_cache(entry: Path, model: HookedTransformer, digest: str) -> None:
         save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS_FILE))
         model.tokenizer.save_pretrained(str(tmp / "tokenizer"))
         cfg = {k: v for k, v in model.cfg.to_dict().items() if _jsonable(v)}
-        meta = {"cache_version": CACHE_VERSION, "source_sha256": digest, "cfg": cfg}
+        meta = {"cache_version": CACHE_VERSION, "source_sha256": digest, "weights": _fingerprint(tmp / WEIGHTS_FILE), "cfg": cfg}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         if entry.exists():
             shutil.rmtree(entry)
@@ -325,6 +325,20 @@ def _save_cache(entry: Path, model: HookedTransformer, digest: str) -> None:
         log.warning("could not write the weight cache at %s: %s", entry, e)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    """Size and header hash of a safetensors file: catches truncation, swaps and header damage.
+
+    Hashing the whole file (~680 MB for SmolLM2) would also catch flipped bytes
+    in the tensor data but costs ~1 s per load; the header (names, dtypes,
+    shapes, offsets) costs nothing to hash.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        head = f.read(n) if 0 < n <= size - 8 else b""
+    return {"bytes": size, "header_sha256": hashlib.sha256(head).hexdigest()}
 
 
 def _jsonable(v: Any) -> bool:
@@ -345,6 +359,9 @@ def _load_cached(entry: Path, digest: str, device: str, dtype: torch.dtype) -> H
         meta = json.loads((entry / META_FILE).read_text())
         if meta.get("source_sha256") != digest or meta.get("cache_version") != CACHE_VERSION:
             log.warning("weight cache %s does not match its source; rebuilding", entry)
+            return None
+        if meta.get("weights") != _fingerprint(entry / WEIGHTS_FILE):
+            log.warning("weight cache %s: %s is damaged or replaced; rebuilding", entry, WEIGHTS_FILE)
             return None
         known = set(HookedTransformerConfig.__dataclass_fields__)
         cfg_d = {k: v for k, v in meta["cfg"].items() if k in known and k not in ("n_params", "device", "dtype")}
