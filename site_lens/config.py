@@ -6,6 +6,7 @@ Each field has the paper's default (Park et al., 2026, "SITE"); ``to_dict`` /
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
@@ -59,8 +60,10 @@ class SelectionConfig(_Config):
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ConfigError(f"SelectionConfig.steps must be >= 0, got {self.steps}")
-        if not self.lr > 0:
-            raise ConfigError(f"SelectionConfig.lr must be > 0, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"SelectionConfig.lr must be a finite number > 0, got {self.lr}")
+        if not math.isfinite(self.theta_init):
+            raise ConfigError(f"SelectionConfig.theta_init must be finite, got {self.theta_init}")
         if self.batch_size < 1:
             raise ConfigError(f"SelectionConfig.batch_size must be >= 1, got {self.batch_size}")
         if self.eval_every < 0 or self.max_valid < 0:
