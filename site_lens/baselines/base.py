@@ -1,0 +1,250 @@
+"""The interface every benchmarked method implements, and what they share.
+
+A ``Method`` is fitted on a task's train (and valid) split, then scored on
+test prompts. At inference it can change the model in two ways, both as
+TransformerLens hooks attached for one generation call only:
+
+* ``prefill_hooks(model)``: a factory ``last -> hooks`` run once, on the
+  prompt pass, where ``last`` holds each row's last prompt index (SITE, FV,
+  TV, MTV: an intervention at the last prompt token);
+* ``persistent_hooks(model)``: hooks active on every forward pass, prompt and
+  generated tokens alike (I2CL, LoRA, (IA)3: a change to every position).
+
+``score_method`` generates greedily (up to 20 tokens, stopping at a newline)
+and scores like ``pipeline.evaluate``: first-token accuracy, exact and strict
+match. ``train_first_token`` is the one trainer the continuous-parameter
+methods share: Adam on the cross-entropy of the answer's first token over
+zero-shot train prompts, keeping the parameters with the lowest valid loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens import HookedTransformer
+
+from ..config import EmbeddingConfig, EvalConfig
+from ..embeddings import build_task_embedding
+from ..inject import HookFactory, Hooks, answer_ids, encode, generate_greedy, last_logits, pad_id, pad_right
+from ..metrics import score
+from ..selection import Example, make_examples
+from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
+
+log = logging.getLogger(__name__)
+
+
+def method_seed(seed: int, name: str) -> int:
+    """A per-(seed, method) RNG seed, so a method's result never depends on what ran before it."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**31)
+
+
+class Method:
+    """Base class: zero-shot prompts, no hooks, nothing to fit."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}  # what fit chose (layers, heads, losses), saved with the row
+
+    @property
+    def n_trainable(self) -> int:
+        """Scalars fitted by gradient descent or a policy (0 for training-free methods)."""
+        return 0
+
+    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: "TaskContext | None" = None) -> None:
+        """Fit on ``task.train`` (model selection on ``task.valid``); the default does nothing."""
+
+    def prompts(self, task: Task, pairs: Sequence[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
+        """(prompt, answer) for each query pair: zero-shot by default."""
+        return zero_shot_prompts(pairs)
+
+    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+        """Hooks for the prompt pass only, given each row's last prompt index."""
+        return None
+
+    def persistent_hooks(self, model: HookedTransformer) -> Hooks:
+        """Hooks for every forward pass, prompt and generated tokens."""
+        return []
+
+    def predict(
+        self, model: HookedTransformer, prompts: Sequence[str], cfg: EvalConfig | None = None
+    ) -> tuple[list[str], Tensor]:
+        """Greedy generations and first-step logits with this method's hooks attached."""
+        cfg = cfg or EvalConfig()
+        with model.hooks(fwd_hooks=self.persistent_hooks(model)):
+            new, first = generate_greedy(
+                model,
+                encode(model, prompts),
+                max_new_tokens=cfg.max_new_tokens,
+                prefill_hooks=self.prefill_hooks(model),
+                batch_size=cfg.batch_size,
+                stop_ids=None if cfg.stop_at_newline else {-1},
+            )
+        return [model.tokenizer.decode(n) for n in new], first
+
+
+# ---------------------------------------------------------------- shared work per task
+
+
+class TaskContext:
+    """Work several methods share on one (task, seed): the mean hook_z over 10-shot prompts."""
+
+    def __init__(self, task: Task, seed: int, embedding: EmbeddingConfig | None = None):
+        self.task, self.seed = task, seed
+        self.embedding = embedding or EmbeddingConfig()
+        self._mean_z: Tensor | None = None
+        self._prompts: list[tuple[str, str]] | None = None
+
+    def icl_prompts(self) -> list[tuple[str, str]]:
+        """The M N-shot prompts of SITE's stage 1 (queries from train), fixed by the seed."""
+        if self._prompts is None:
+            cfg = self.embedding
+            check_enough(self.task.train, cfg.n_shots + 1, f"task '{self.task.name}' split 'train'")
+            self._prompts = sample_icl_prompts(self.task.train, cfg.n_prompts, cfg.n_shots, random.Random(self.seed))
+        return self._prompts
+
+    def mean_z(self, model: HookedTransformer) -> Tensor:
+        """Mean hook_z at the last token over ``icl_prompts`` (SITE's t; FV's and MTV's mean head outputs)."""
+        if self._mean_z is None:
+            self._mean_z = build_task_embedding(model, [p for p, _ in self.icl_prompts()], self.embedding.batch_size)
+        return self._mean_z
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def score_method(
+    model: HookedTransformer, method: Method, task: Task, seed: int, cfg: EvalConfig | None = None, split: str = "test"
+) -> dict[str, Any]:
+    """First-token accuracy, exact and strict match of a fitted method on a split."""
+    cfg = cfg or EvalConfig()
+    pairs = task.split(split)[: cfg.max_test]
+    prompts = method.prompts(task, pairs, seed)
+    t0 = time.perf_counter()
+    preds, first = method.predict(model, [p for p, _ in prompts], cfg)
+    seconds = time.perf_counter() - t0
+    targets = torch.tensor([answer_ids(model, p, a)[0] for p, a in prompts])
+    return {
+        "first_token_acc": float((first.argmax(-1) == targets).float().mean()),
+        **score(preds, [a for _, a in prompts], bool(task.case_sensitive)),
+        "n": len(pairs),
+        "ms_per_query": 1000 * seconds / max(1, len(pairs)),
+        "predictions": [{"prompt_tail": p.split("\n\n")[-1], "target": a, "output": o} for (p, a), o in zip(prompts, preds)],
+    }
+
+
+# ---------------------------------------------------------------- first-token losses and training
+
+
+def first_token_loss(
+    model: HookedTransformer,
+    examples: Sequence[Example],
+    hooks: Hooks = (),
+    prefill: HookFactory | None = None,
+    batch_size: int = 32,
+) -> Tensor:
+    """Mean cross-entropy of the answer's first token over whole zero-shot prompts (differentiable)."""
+    total = torch.zeros((), device=model.cfg.device)
+    for s in range(0, len(examples), batch_size):
+        chunk = examples[s : s + batch_size]
+        tokens, mask, last = pad_right([e.tokens for e in chunk], pad_id(model), model.cfg.device)
+        with model.hooks(fwd_hooks=list(hooks)):
+            logits = last_logits(model, tokens, last, hooks=prefill(last) if prefill else [], attention_mask=mask)
+        target = torch.tensor([e.target for e in chunk], device=logits.device)
+        total = total + F.cross_entropy(logits.float(), target, reduction="sum")
+    return total / len(examples)
+
+
+@dataclass
+class TrainConfig:
+    """Budget of ``train_first_token`` (modest, for CPU; see the README's table)."""
+
+    steps: int = 100  # optimiser steps
+    lr: float = 1e-2  # Adam learning rate
+    batch_size: int = 8  # zero-shot prompts per step
+    eval_every: int = 25  # valid loss every this many steps (and at the end); 0 = never
+    max_valid: int = 50  # valid items for model selection
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"bad TrainConfig {self}")
+
+
+def train_first_token(
+    model: HookedTransformer,
+    params: Sequence[nn.Parameter],
+    hooks: Callable[[], Hooks],
+    train: Sequence[Example],
+    valid: Sequence[Example],
+    cfg: TrainConfig,
+    seed: int,
+) -> dict[str, Any]:
+    """Adam on ``params`` (the model frozen), first-token CE; restores the best-valid parameters."""
+    model.requires_grad_(False)
+    rng = random.Random(seed)
+    valid = list(valid)[: cfg.max_valid]
+    opt = torch.optim.Adam(params, lr=cfg.lr)
+    history: dict[str, Any] = {"loss": [], "valid_step": [], "valid_loss": []}
+
+    def valid_loss() -> float:
+        with torch.no_grad():
+            return float(first_token_loss(model, valid, hooks()))
+
+    best = (valid_loss() if valid and cfg.eval_every else math.inf, 0, [p.detach().clone() for p in params])
+    if valid and cfg.eval_every:
+        history["valid_step"].append(0)
+        history["valid_loss"].append(best[0])
+    pool: list[int] = []
+    for step in range(1, cfg.steps + 1):
+        batch = []
+        for _ in range(cfg.batch_size):
+            if not pool:
+                pool = list(range(len(train)))
+                rng.shuffle(pool)
+            batch.append(train[pool.pop()])
+        opt.zero_grad(set_to_none=True)
+        loss = first_token_loss(model, batch, hooks())
+        if not torch.isfinite(loss):
+            log.error("non-finite loss at step %d; stopping", step)
+            break
+        loss.backward()
+        opt.step()
+        history["loss"].append(loss.item())
+        if valid and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            vl = valid_loss()
+            history["valid_step"].append(step)
+            history["valid_loss"].append(vl)
+            if vl < best[0]:
+                best = (vl, step, [p.detach().clone() for p in params])
+    if valid and cfg.eval_every and math.isfinite(best[0]):
+        with torch.no_grad():
+            for p, b in zip(params, best[2]):
+                p.copy_(b)
+        history["best_step"], history["best_valid_loss"] = best[1], best[0]
+    return history
+
+
+def train_valid_examples(model: HookedTransformer, task: Task) -> tuple[list[Example], list[Example]]:
+    """Zero-shot train and valid prompts as (tokens, first answer token) examples."""
+    return make_examples(model, zero_shot_prompts(task.train)), make_examples(model, zero_shot_prompts(task.valid))
+
+
+def choose_layer(
+    model: HookedTransformer, valid: Sequence[Example], factory: Callable[[int], HookFactory], layers: Sequence[int]
+) -> tuple[int, list[float]]:
+    """The layer whose prefill intervention gives the lowest first-token valid loss."""
+    losses = []
+    with torch.inference_mode():
+        for layer in layers:
+            losses.append(float(first_token_loss(model, valid, prefill=factory(layer))))
+    best = min(range(len(layers)), key=lambda i: losses[i])
+    return layers[best], losses

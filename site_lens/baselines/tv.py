@@ -1,0 +1,83 @@
+"""Task vectors (Hendel et al., Findings of EMNLP 2023).
+
+The residual stream at the input of layer L (``blocks.{L}.hook_resid_pre``) at
+the last token, averaged over 10-shot prompts, *replaces* the zero-shot
+query's at that layer and position. L is chosen by the lowest first-token
+loss on the valid split. Nothing is trained. (The paper averages over
+prompts whose query is a dummy; here the queries come from train, the same
+50 ten-shot prompts SITE's stage 1 uses.)
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import get_act_name
+
+from ..inject import HookFactory, encode, pad_id, pad_right
+from ..tasks import Task
+from .base import Method, TaskContext, choose_layer, train_valid_examples
+
+
+def replace_at_hook(
+    resid: Float[Tensor, "batch pos d_model"], hook: HookPoint, v: Float[Tensor, " d_model"], pos: Int[Tensor, " batch"]
+) -> Float[Tensor, "batch pos d_model"]:
+    """resid[b, pos_b] <- v."""
+    rows = torch.arange(resid.shape[0], device=resid.device)
+    return resid.index_put((rows, pos), v.to(resid.dtype).expand(len(rows), -1))
+
+
+@torch.inference_mode()
+def mean_last_resid(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10) -> Float[Tensor, "layer d_model"]:
+    """hook_resid_pre of every layer at the last token, averaged over prompts."""
+    names = [get_act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)]
+    total = torch.zeros(model.cfg.n_layers, model.cfg.d_model)
+    toks = encode(model, prompts)
+    for s in range(0, len(toks), batch_size):
+        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
+        rows = torch.arange(len(last), device=last.device)
+        store: dict[str, Tensor] = {}
+
+        def grab(act, hook):
+            store[hook.name] = act[rows, last].float().sum(0).cpu()  # (d_model,)
+
+        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
+            model(tokens, stop_at_layer=model.cfg.n_layers)
+        total += torch.stack([store[n] for n in names])
+    return total / len(toks)
+
+
+class TaskVector(Method):
+    """Mean few-shot last-token residual patched into the zero-shot query at one layer."""
+
+    name = "tv"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vectors: Tensor | None = None  # (layer, d_model)
+        self.layer = 0
+
+    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+        ctx = ctx or TaskContext(task, seed)
+        self.vectors = mean_last_resid(model, [p for p, _ in ctx.icl_prompts()])
+        _, valid = train_valid_examples(model, task)
+        self.layer, losses = choose_layer(model, valid[:50], self._factory(model), list(range(model.cfg.n_layers)))
+        self.info = {"layer": self.layer, "valid_loss_by_layer": losses}
+
+    def _factory(self, model: HookedTransformer):
+        vecs = self.vectors.to(device=model.cfg.device)
+
+        def at_layer(layer: int) -> HookFactory:
+            return lambda last: [(get_act_name("resid_pre", layer), partial(replace_at_hook, v=vecs[layer], pos=last))]
+
+        return at_layer
+
+    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+        assert self.vectors is not None, "fit first"
+        return self._factory(model)(self.layer)

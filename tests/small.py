@@ -1,0 +1,49 @@
+"""Small budgets and a tiny task folder for the baseline and bench tests."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from pathlib import Path
+
+from site_lens.baselines import FunctionVector, I2CL, IA3, LoRA, MTVConfig, MultimodalTaskVector, Site, TrainConfig
+from site_lens.baselines import METHODS
+from site_lens.config import EmbeddingConfig, SelectionConfig
+
+SMALL_EMBEDDING = EmbeddingConfig(n_prompts=4, n_shots=3)
+SMALL_TRAIN = TrainConfig(steps=6, lr=0.05, batch_size=4, eval_every=3, max_valid=4)
+
+
+def small_methods() -> dict:
+    """Every method, with budgets that run in well under a second on the tiny model."""
+    return {
+        **METHODS,
+        "icl": _icl,
+        "site": lambda: Site(SMALL_EMBEDDING, SelectionConfig(steps=6, eval_every=3, max_valid=4)),
+        "fv": lambda: FunctionVector(k=3, n_cie_prompts=3, n_shots=3),
+        "i2cl": lambda: I2CL(n_demos=3, train=SMALL_TRAIN),
+        "mtv": lambda: MultimodalTaskVector(MTVConfig(steps=6, batch_size=4, eval_every=3)),
+        "lora": lambda: LoRA(train=SMALL_TRAIN),
+        "ia3": lambda: IA3(train=SMALL_TRAIN),
+    }
+
+
+def _icl():
+    from site_lens.baselines import ICL
+
+    return ICL(n_shots=3)
+
+
+def write_task_dir(root: Path, names=("upper", "lower"), seed: int = 0) -> Path:
+    """Task folders (train/valid/test.json) of one-letter case changes."""
+    rng = random.Random(seed)
+    for name in names:
+        letters = list(string.ascii_lowercase)
+        pairs = [(c, c.upper()) if name == "upper" else (c.upper(), c) for c in letters]
+        rng.shuffle(pairs)
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        for split, part in (("train", pairs[:16]), ("valid", pairs[16:21]), ("test", pairs[21:])):
+            (d / f"{split}.json").write_text(json.dumps([{"input": x, "output": y} for x, y in part]))
+    return root

@@ -1,0 +1,190 @@
+"""Each baseline: what its hooks touch, that fitting lowers its loss, its parameter count."""
+
+import pytest
+import torch
+
+from site_lens.baselines import I2CL, IA3, LoRA, METHODS, TaskContext, score_method
+from site_lens.baselines.base import first_token_loss, train_valid_examples
+from site_lens.config import EvalConfig
+from site_lens.tasks import load_task
+from small import SMALL_EMBEDDING, small_methods, write_task_dir
+
+
+@pytest.fixture(scope="module")
+def model():
+    from helpers import tiny
+
+    torch.manual_seed(0)
+    return tiny(n_ctx=256)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return load_task("upper", data_dir=write_task_dir(tmp_path_factory.mktemp("tasks")))
+
+
+@pytest.fixture(scope="module")
+def fitted(model, task):
+    """Every method fitted once on the tiny task."""
+    ctx = TaskContext(task, 0, SMALL_EMBEDDING)
+    out = {}
+    for name, make in small_methods().items():
+        m = make()
+        m.fit(model, task, 0, ctx)
+        out[name] = m
+    return out
+
+
+def _all_logits(model, tokens, method):
+    """Logits at every position with the method's hooks (prefill ones at the last position)."""
+    last = torch.full((tokens.shape[0],), tokens.shape[1] - 1)
+    factory = method.prefill_hooks(model)
+    hooks = method.persistent_hooks(model) + (factory(last) if factory else [])
+    return model.run_with_hooks(tokens, fwd_hooks=hooks)
+
+
+def test_registry_names():
+    assert list(METHODS) == ["zero_shot", "icl", "site", "fv", "tv", "i2cl", "mtv", "lora", "ia3"]
+
+
+def test_trainable_parameter_counts(model, fitted):
+    c = model.cfg
+    kv = c.n_key_value_heads
+    expected = {
+        "zero_shot": 0, "icl": 0, "fv": 0, "tv": 0,
+        "site": c.n_layers * c.n_heads,
+        "mtv": c.n_layers * c.n_heads,
+        "i2cl": 4 * c.n_layers,
+        "lora": c.n_layers * (2 * c.d_model * 8 + 8 * c.n_heads * c.d_head + 8 * kv * c.d_head),
+        "ia3": c.n_layers * (2 * kv * c.d_head + c.d_mlp),
+    }
+    assert {n: m.n_trainable for n, m in fitted.items()} == expected
+
+
+@pytest.mark.parametrize("name", ["site", "fv", "tv", "mtv"])
+def test_prefill_methods_change_only_the_last_position(model, fitted, name):
+    m = fitted[name]
+    assert m.persistent_hooks(model) == []
+    tokens = torch.tensor([model.tokenizer("Q: b\nA:")["input_ids"]])
+    base = model(tokens)
+    hooked = _all_logits(model, tokens, m)
+    torch.testing.assert_close(hooked[:, :-1], base[:, :-1])
+    no_op = (name == "mtv" and m.mask.sum() == 0) or (name == "tv" and m.layer == 0)  # layer 0: same last token
+    if not no_op:
+        assert not torch.allclose(hooked[:, -1], base[:, -1])
+
+
+@pytest.mark.parametrize("name", ["zero_shot", "icl"])
+def test_prompting_methods_have_no_hooks(model, fitted, name):
+    assert fitted[name].prefill_hooks(model) is None and fitted[name].persistent_hooks(model) == []
+
+
+def test_untrained_adapters_are_identities(model, task):
+    """LoRA (B = 0), (IA)3 (ones) and I2CL with l0 = 0, l1 = 1 leave the logits unchanged."""
+    tokens = torch.tensor([model.tokenizer("Q: b\nA: B")["input_ids"]])
+    base = model(tokens)
+    lora, ia3, i2cl = LoRA(), IA3(), I2CL()
+    lora.init_params(model, 0)
+    ia3.init_params(model)
+    i2cl.init_params(model, torch.randn(2, model.cfg.n_layers, model.cfg.d_model))
+    with torch.no_grad():
+        i2cl.lam[..., 0] = 0
+    for m in (lora, ia3, i2cl):
+        torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=m.persistent_hooks(model)), base)
+
+
+def _cache(model, tokens, hooks):
+    names = ["blocks.0.attn.hook_q", "blocks.0.attn.hook_k", "blocks.0.attn.hook_v", "blocks.0.hook_mlp_out"]
+    with model.hooks(fwd_hooks=hooks):
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+    return cache
+
+
+def test_lora_touches_q_and_v_only(model):
+    tokens = torch.tensor([model.tokenizer("Q: b\nA:")["input_ids"]])
+    lora = LoRA()
+    lora.init_params(model, 0)
+    with torch.no_grad():
+        for p in lora.params[1::2]:  # the B matrices
+            p.normal_()
+    base, hooked = _cache(model, tokens, []), _cache(model, tokens, lora.persistent_hooks(model))
+    torch.testing.assert_close(hooked["blocks.0.attn.hook_k"], base["blocks.0.attn.hook_k"])
+    for name in ("blocks.0.attn.hook_q", "blocks.0.attn.hook_v"):
+        assert not torch.allclose(hooked[name], base[name])
+
+
+def test_lora_hook_equals_a_weight_update(model):
+    """x A B added in hook_q is the same as W_Q + scale A B (the reason hooks can stand in for peft)."""
+    tokens = torch.tensor([model.tokenizer("Q: b\nA:")["input_ids"]])
+    lora = LoRA()
+    lora.init_params(model, 0)
+    with torch.no_grad():
+        for i, p in enumerate(lora.params):
+            if i % 4 != 1:  # only layer 0's q adapter is non-zero
+                p.zero_()
+        lora.params[1].normal_()
+    hooked = model.run_with_hooks(tokens, fwd_hooks=lora.persistent_hooks(model))
+    attn = model.blocks[0].attn
+    a, b = lora.params[0].detach(), lora.params[1].detach()
+    delta = (lora.alpha / lora.rank) * (a @ b).view(model.cfg.d_model, model.cfg.n_heads, model.cfg.d_head).permute(1, 0, 2)
+    w_q = attn.W_Q.detach().clone()
+    try:
+        with torch.no_grad():
+            attn.W_Q.add_(delta)
+        torch.testing.assert_close(model(tokens), hooked, rtol=1e-4, atol=1e-4)
+    finally:
+        with torch.no_grad():
+            attn.W_Q.copy_(w_q)
+
+
+def test_ia3_touches_k_v_and_mlp_only(model):
+    tokens = torch.tensor([model.tokenizer("Q: b\nA:")["input_ids"]])
+    ia3 = IA3()
+    ia3.init_params(model)
+    with torch.no_grad():
+        for p in ia3.params:
+            p.uniform_(0.5, 1.5)
+    base, hooked = _cache(model, tokens, []), _cache(model, tokens, ia3.persistent_hooks(model))
+    torch.testing.assert_close(hooked["blocks.0.attn.hook_q"], base["blocks.0.attn.hook_q"])
+    for name in ("blocks.0.attn.hook_k", "blocks.0.attn.hook_v", "blocks.0.hook_mlp_out"):
+        assert not torch.allclose(hooked[name], base[name])
+
+
+@pytest.mark.parametrize("name", ["i2cl", "lora", "ia3"])
+def test_fit_lowers_training_loss(model, task, name):
+    from small import SMALL_TRAIN
+    from site_lens.baselines import TrainConfig
+
+    cls = {"i2cl": I2CL, "lora": LoRA, "ia3": IA3}[name]
+    m = cls(train=TrainConfig(steps=15, lr=SMALL_TRAIN.lr, batch_size=8, eval_every=0))
+    train, _ = train_valid_examples(model, task)
+    m.fit(model, task, 0, None)
+    with torch.no_grad():
+        after = float(first_token_loss(model, train, m.persistent_hooks(model)))
+    first = m.info["loss"][0]
+    assert after < first
+
+
+def test_site_fit_lowers_training_loss(model, task):
+    from site_lens.baselines import Site
+    from site_lens.config import SelectionConfig
+
+    m = Site(SMALL_EMBEDDING, SelectionConfig(steps=15, eval_every=0, keep_best=False))
+    m.fit(model, task, 0)
+    train, _ = train_valid_examples(model, task)
+    after = float(first_token_loss(model, train, prefill=m.prefill_hooks(model)))
+    assert after < m.adapter.meta["history"]["loss"][0]
+
+
+def test_fv_and_tv_choose_a_layer_on_valid(fitted, model):
+    for name in ("fv", "tv"):
+        info = fitted[name].info
+        assert len(info["valid_loss_by_layer"]) == model.cfg.n_layers
+        assert info["layer"] == min(range(model.cfg.n_layers), key=lambda i: info["valid_loss_by_layer"][i])
+    assert len(fitted["fv"].info["heads"]) == 3
+
+
+def test_score_method_rows(model, task, fitted):
+    for name, m in fitted.items():
+        r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
+        assert r["n"] == 2 and 0 <= r["exact_match"] <= 1 and 0 <= r["first_token_acc"] <= 1
