@@ -179,6 +179,118 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Every (task, method, seed) row, resumable; then OUT/summary.{csv,md}."""
+    from . import bench
+    from .baselines import METHODS
+    from .models import load_model
+
+    methods = bench.resolve(args.methods, list(METHODS), "method")
+    tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), args.shard)
+    out = Path(args.out) if args.out else Path("results") / args.model
+    check_writable(out)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices)
+
+    def report(r: dict[str, Any]) -> None:
+        print(f"{r['task']:<26} {r['method']:<10} first-tok {r['first_token_acc']:.3f} exact {r['exact_match']:.3f} "
+              f"params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q", flush=True)
+
+    bench.run_bench(model, tasks, methods, range(args.seeds), out, args.data, args.max_test, report=report)
+    print((out / "summary.md").read_text())
+    print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'rows.csv'}")
+    return 0
+
+
+def cmd_bench_merge(args: argparse.Namespace) -> int:
+    """Summarise the rows of several bench output folders (e.g. shards) into one."""
+    from . import bench
+
+    out = Path(args.out or args.dirs[0])
+    check_writable(out)
+    bench.merge([Path(d) for d in args.dirs], out)
+    print((out / "summary.md").read_text())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``site-lens`` argument parser, one subparser per command."""
+    parser = argparse.ArgumentParser(prog="site-lens", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
+        p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+        p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+        p.add_argument("--data", default=None, help="folder of tasks in the FV layout (task folders or .json lists)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--steps", type=int, default=400, help="alpha-training steps (paper: 400)")
+        p.add_argument("--lr", type=float, default=0.2, help="Adam learning rate (paper: 0.2)")
+        p.add_argument("--batch-size", type=int, default=1, help="zero-shot prompts per training step (paper: 1)")
+        p.add_argument("--prompts", type=int, default=50, help="M: few-shot prompts for the task embedding (paper: 50)")
+        p.add_argument("--shots", type=int, default=10, help="N: demonstrations per prompt, also for ICL (paper: 10)")
+        p.add_argument("--max-test", type=int, default=None, help="score only the first N test items")
+        p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per answer (paper: 20)")
+        p.add_argument("--naive", action="store_true", help="train on whole prompts instead of the cached-prefix fast path")
+
+    p_run = sub.add_parser("run", help="stages 1-3 on one task, plus zero-shot and ICL; writes OUT/results.json and OUT/adapter/")
+    common(p_run)
+    p_run.add_argument("--task", required=True, help="a built-in task name, or a task under --data, or a path")
+    p_run.add_argument("--out", default=None, help="output folder (default runs/MODEL/TASK)")
+    p_run.set_defaults(func=cmd_run)
+
+    p_demo = sub.add_parser("demo", help="SITE on the built-in tasks: table + alpha heatmaps")
+    common(p_demo)
+    p_demo.add_argument("--tasks", nargs="*", default=None, help="built-in task names (default: all)")
+    p_demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    p_demo.add_argument("--figures", default="figures", help="folder for the alpha heatmaps (default figures/)")
+    p_demo.set_defaults(func=cmd_demo)
+
+    p_tasks = sub.add_parser("tasks", help="list built-in tasks, or the tasks under --data")
+    p_tasks.add_argument("--data", default=None)
+    p_tasks.set_defaults(func=cmd_tasks)
+
+    p_bench = sub.add_parser("bench", help="benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
+    p_bench.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
+    p_bench.add_argument("--data", default=None, help="folder of tasks in the FV layout (default: the built-in tasks)")
+    p_bench.add_argument("--tasks", default="all", help="'all' or a comma list of task names")
+    p_bench.add_argument("--methods", default="all", help="'all' or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
+    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds (0 .. N-1)")
+    p_bench.add_argument("--max-test", type=int, default=100, help="score only the first N test items (default 100)")
+    p_bench.add_argument("--out", default=None, help="output folder (default results/MODEL)")
+    p_bench.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
+    p_bench.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+    p_bench.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    p_bench.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")
+    p_bench.set_defaults(func=cmd_bench)
+
+    p_merge = sub.add_parser("bench-merge", help="merge bench output folders (shards) into one summary")
+    p_merge.add_argument("dirs", nargs="+", help="bench output folders")
+    p_merge.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
+    p_merge.set_defaults(func=cmd_bench_merge)
+
+    p_bench = sub.add_parser("bench", help="benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
+    p_bench.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
+    p_bench.add_argument("--data", default=None, help="folder of tasks in the FV layout (default: the built-in tasks)")
+    p_bench.add_argument("--tasks", default="all", help="'all' or a comma list of task names")
+    p_bench.add_argument("--methods", default="all", help="'all' or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
+    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds (0 .. N-1)")
+    p_bench.add_argument("--max-test", type=int, default=100, help="score only the first N test items (default 100)")
+    p_bench.add_argument("--out", default=None, help="output folder (default results/MODEL)")
+    p_bench.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
+    p_bench.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+    p_bench.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    p_bench.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")
+    p_bench.set_defaults(func=cmd_bench)
+
+    p_merge = sub.add_parser("bench-merge", help="merge bench output folders (shards) into one summary")
+    p_merge.add_argument("dirs", nargs="+", help="bench output folders")
+    p_merge.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
+    p_merge.set_defaults(func=cmd_bench_merge)
+
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="site-lens", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -215,6 +327,25 @@ def main(argv: list[str] | None = None) -> int:
     p_tasks = sub.add_parser("tasks", help="list built-in tasks, or the tasks under --data")
     p_tasks.add_argument("--data", default=None)
     p_tasks.set_defaults(func=cmd_tasks)
+
+    p_bench = sub.add_parser("bench", help="benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
+    p_bench.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
+    p_bench.add_argument("--data", default=None, help="folder of tasks in the FV layout (default: the built-in tasks)")
+    p_bench.add_argument("--tasks", default="all", help="'all' or a comma list of task names")
+    p_bench.add_argument("--methods", default="all", help="'all' or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
+    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds (0 .. N-1)")
+    p_bench.add_argument("--max-test", type=int, default=100, help="score only the first N test items (default 100)")
+    p_bench.add_argument("--out", default=None, help="output folder (default results/MODEL)")
+    p_bench.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
+    p_bench.add_argument("--device", default=None, help="cpu (default), cuda, ...")
+    p_bench.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    p_bench.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")
+    p_bench.set_defaults(func=cmd_bench)
+
+    p_merge = sub.add_parser("bench-merge", help="merge bench output folders (shards) into one summary")
+    p_merge.add_argument("dirs", nargs="+", help="bench output folders")
+    p_merge.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
+    p_merge.set_defaults(func=cmd_bench_merge)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

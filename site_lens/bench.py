@@ -1,0 +1,315 @@
+"""The benchmark: every (task, method, seed) row, resumable, sharded, summarised.
+
+Layout of an output folder::
+
+    OUT/bench.json                         what the rows depend on (model, caps)
+    OUT/rows/{task}/seed{s}/{method}.json  one row: scores, trainable params, timings, predictions
+    OUT/rows.csv                           every row, one line each
+    OUT/summary.csv, OUT/summary.md        mean over tasks per method, overall and per category
+
+Every file is written atomically (temp file + rename), so an interrupted run
+leaves finished rows whole and nothing half-written; a rerun skips rows whose
+file exists with the same model and caps, and finishes the rest. ``--shard
+I/N`` takes tasks I, I+N, I+2N ... of the sorted list (I from 0), so shards
+are disjoint; ``merge`` summarises the rows of several output folders.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from transformer_lens import HookedTransformer
+
+from .baselines import METHODS, Method, TaskContext, score_method
+from .baselines.base import method_seed
+from .config import ConfigError, EmbeddingConfig, EvalConfig
+from .models import model_identity
+from .tasks import TaskError, builtin_tasks, load_task
+
+log = logging.getLogger(__name__)
+
+ROWS_DIR = "rows"
+SPEC_FILE = "bench.json"
+METRICS = ("first_token_acc", "exact_match", "strict_match")
+ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, "n_trainable", "fit_seconds", "ms_per_query", "n_test")
+
+# The FV suite's categories (shared/datasets/fv/README.md): abstractive tasks generate, extractive pick from the input.
+ABSTRACTIVE = frozenset(
+    "antonym capitalize capitalize_first_letter capitalize_second_letter commonsense_qa country-capital english-french "
+    "english-spanish lowercase_first_letter national_parks next_capital_letter park-country person-occupation person-sport "
+    "present-past prev_item sentiment singular-plural word_length ag_news".split()
+)
+EXTRACTIVE = frozenset(
+    [f"{s}_{n}" for s in ("adjective_v_verb", "alphabetically_first", "alphabetically_last", "animal_v_object",
+                          "choose_first_of", "choose_last_of", "color_v_animal", "concept_v_object",
+                          "object_v_concept", "verb_v_adjective") for n in (3, 5)]
+    + ["choose_middle_of_3", "fruit_v_animal_3", "conll2003_location", "conll2003_person", "squad_val"]
+)
+
+
+def category(task: str) -> str:
+    """'abstractive', 'extractive' (the FV suite's lists) or 'other'."""
+    return "abstractive" if task in ABSTRACTIVE else "extractive" if task in EXTRACTIVE else "other"
+
+
+# ---------------------------------------------------------------- choosing what to run
+
+
+def available_tasks(data_dir: str | Path | None) -> list[str]:
+    """Task names under ``data_dir`` (folders or .json lists), or the built-in ones."""
+    if data_dir is None:
+        return builtin_tasks()
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise TaskError(f"{d}: data folder not found")
+    return sorted(p.name if p.is_dir() else p.stem for p in d.iterdir() if p.is_dir() or p.suffix == ".json")
+
+
+def resolve(spec: str, valid: Sequence[str], what: str) -> list[str]:
+    """'all' or a comma list, checked against ``valid`` (an unknown name is a one-line error)."""
+    if spec.strip() == "all":
+        return list(valid)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        err = TaskError if what == "task" else ConfigError
+        raise err(f"unknown {what}(s) {', '.join(repr(u) for u in unknown) or '(none given)'}; valid: {', '.join(valid)}")
+    return list(dict.fromkeys(names))
+
+
+def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
+    """Tasks I, I+N, ... of the sorted list for ``spec`` 'I/N' (I from 0); all of them for None."""
+    tasks = sorted(tasks)
+    if not spec:
+        return tasks
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard must look like I/N (e.g. 0/4), got '{spec}'") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ConfigError(f"--shard I/N needs 0 <= I < N, got '{spec}'")
+    return tasks[i::n]
+
+
+# ---------------------------------------------------------------- rows on disk
+
+
+def row_path(out: Path, task: str, seed: int, method: str) -> Path:
+    return out / ROWS_DIR / task / f"seed{seed}" / f"{method}.json"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def remove_stale_temps(out: Path) -> int:
+    """Delete temp files a killed write left behind (never a finished row)."""
+    n = 0
+    for p in out.rglob(".*.tmp"):
+        p.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def is_done(path: Path, spec: dict[str, Any]) -> bool:
+    """A finished row for the same model and caps."""
+    row = _read_json(path)
+    return row is not None and row.get("spec") == spec
+
+
+def collect_rows(dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every row under ``dirs``' rows/ folders (a later folder's row wins on a repeat), sorted."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for d in dirs:
+        for p in sorted(Path(d).glob(f"{ROWS_DIR}/*/seed*/*.json")):
+            r = _read_json(p)
+            if r is None:
+                log.warning("skipping unreadable row %s", p)
+                continue
+            rows[(r["task"], r["method"], r["seed"])] = {k: r[k] for k in ROW_FIELDS}
+    return [rows[k] for k in sorted(rows)]
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_row(
+    model: HookedTransformer, method: Method, task, seed: int, ctx: TaskContext, eval_cfg: EvalConfig
+) -> dict[str, Any]:
+    """Fit one method on one task and score it on test."""
+    torch.manual_seed(method_seed(seed, method.name))
+    random.seed(method_seed(seed, method.name))
+    t0 = time.perf_counter()
+    method.fit(model, task, seed, ctx)
+    fit_s = time.perf_counter() - t0
+    res = score_method(model, method, task, seed, eval_cfg)
+    return {
+        "task": task.name,
+        "category": category(task.name),
+        "method": method.name,
+        "seed": seed,
+        **{k: res[k] for k in METRICS},
+        "n_trainable": method.n_trainable,
+        "fit_seconds": round(fit_s, 3),
+        "ms_per_query": round(res["ms_per_query"], 3),
+        "n_test": res["n"],
+        "info": method.info,
+        "predictions": res["predictions"],
+    }
+
+
+def run_bench(
+    model: HookedTransformer,
+    tasks: Sequence[str],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    out: Path,
+    data_dir: str | Path | None = None,
+    max_test: int | None = 100,
+    factories: dict[str, Callable[[], Method]] | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
+    embedding: EmbeddingConfig | None = None,
+) -> list[dict[str, Any]]:
+    """Run every missing (task, method, seed) row, then rewrite the summary of the folder.
+
+    ``embedding`` sets the shared few-shot prompts (default 50 ten-shot prompts, SITE's stage 1).
+    """
+    from .cli import write_json_atomic
+
+    factories = factories or METHODS
+    out = Path(out)
+    ident = model_identity(model)
+    spec = {"model": ident["name"], "max_test": max_test, "max_new_tokens": 20}
+    if remove_stale_temps(out):
+        log.info("removed temp files left by an interrupted run")
+    write_json_atomic(out / SPEC_FILE, {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds)})
+    eval_cfg = EvalConfig(max_test=max_test, max_new_tokens=20)
+    for name in tasks:
+        task = load_task(name, data_dir=data_dir)
+        for seed in seeds:
+            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), spec)]
+            if not todo:
+                log.info("%s seed %d: done, skipped", name, seed)
+                continue
+            ctx = TaskContext(task, seed, embedding)  # shared by the methods of this (task, seed)
+            for m in todo:
+                row = run_row(model, factories[m](), task, seed, ctx, eval_cfg)
+                row["spec"] = spec
+                write_json_atomic(row_path(out, name, seed, m), row)
+                if report is not None:
+                    report(row)
+    return write_summary(out)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per method: means over tasks (and seeds), overall and per category."""
+    out = []
+    methods = list(dict.fromkeys(m for m in METHODS if any(r["method"] == m for r in rows)))
+    methods += sorted({r["method"] for r in rows} - set(methods))
+    cats = sorted({r["category"] for r in rows})
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m]
+        s: dict[str, Any] = {"method": m, "n_tasks": len({r["task"] for r in rs}), "n_rows": len(rs)}
+        for k in (*METRICS, "n_trainable", "fit_seconds", "ms_per_query"):
+            s[k] = sum(r[k] for r in rs) / len(rs)
+        for c in cats:
+            cr = [r["exact_match"] for r in rs if r["category"] == c]
+            s[f"exact_match_{c}"] = sum(cr) / len(cr) if cr else None
+        out.append(s)
+    return out
+
+
+def _csv(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], title: str = "") -> str:
+    """The summary table (exact match in %), then exact match per task."""
+    lines = [f"# {title}".rstrip(), ""] if title else []
+    cats = [k[len("exact_match_"):] for k in (summary[0] if summary else {}) if k.startswith("exact_match_")]
+    head = ["method", "tasks", "first-token %", "exact %", "strict %", *[f"exact % {c}" for c in cats],
+            "trainable params", "fit s", "ms/query"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summary:
+        pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
+        cells = [s["method"], str(s["n_tasks"]), pct(s["first_token_acc"]), pct(s["exact_match"]), pct(s["strict_match"]),
+                 *[pct(s[f"exact_match_{c}"]) for c in cats], f"{s['n_trainable']:,.0f}", f"{s['fit_seconds']:.1f}",
+                 f"{s['ms_per_query']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    methods = [s["method"] for s in summary]
+    tasks = sorted({(r["category"], r["task"]) for r in rows})
+    lines += ["", "Exact match (%) per task (mean over seeds):", "",
+              "| task | category | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 2)]
+    for c, t in tasks:
+        cells = []
+        for m in methods:
+            v = [r["exact_match"] for r in rows if r["task"] == t and r["method"] == m]
+            cells.append(f"{100 * sum(v) / len(v):.0f}" if v else "-")
+        lines.append(f"| {t} | {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_summary(out: Path, sources: Sequence[Path] | None = None) -> list[dict[str, Any]]:
+    """rows.csv, summary.csv and summary.md in ``out`` from the rows of ``sources`` (default ``out``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = collect_rows(sources or [out])
+    summary = summarise(rows)
+    spec = _read_json(out / SPEC_FILE) or next((_read_json(Path(s) / SPEC_FILE) for s in sources or [] if _read_json(Path(s) / SPEC_FILE)), None)
+    title = f"site-lens bench: {spec['model']}, max_test {spec['max_test']}" if spec else "site-lens bench"
+    _write_text_atomic(out / "rows.csv", _csv([{k: _fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
+    _write_text_atomic(out / "summary.csv", _csv([{k: _fmt(v) for k, v in s.items()} for s in summary]))
+    _write_text_atomic(out / "summary.md", markdown(rows, summary, title))
+    return rows
+
+
+def merge(sources: Sequence[Path], out: Path) -> list[dict[str, Any]]:
+    """Summarise the rows of several (shard) output folders into ``out``."""
+    missing = [str(s) for s in sources if not (Path(s) / ROWS_DIR).is_dir()]
+    if missing:
+        raise TaskError(f"no bench rows under {', '.join(missing)}")
+    return write_summary(out, [Path(s) for s in sources])

@@ -1,0 +1,36 @@
+"""Test-only entry point: ``python tests/bench_entry.py bench --model tiny ...`` runs the real CLI
+with ``--model tiny`` mapped to the tiny random model and every method given a small budget."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+import site_lens.bench as bench  # noqa: E402
+import site_lens.models as models  # noqa: E402
+from site_lens.baselines import METHODS  # noqa: E402
+from site_lens.cli import main  # noqa: E402
+from small import SMALL_EMBEDDING, small_methods  # noqa: E402
+
+_load = models.load_model
+
+
+def _load_model(name, **kw):
+    from helpers import tiny
+
+    return tiny(n_ctx=256) if name == "tiny" else _load(name, **kw)
+
+
+models.load_model = _load_model
+METHODS.update(small_methods())
+bench.run_bench = partial(bench.run_bench, embedding=SMALL_EMBEDDING)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

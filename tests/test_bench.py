@@ -1,0 +1,111 @@
+"""The bench: name checks, shards, resume, and surviving a SIGKILL mid-task."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from site_lens import bench
+from site_lens.cli import main
+from small import SMALL_EMBEDDING, small_methods, write_task_dir
+
+ENTRY = Path(__file__).parent / "bench_entry.py"
+SCORES = ("task", "category", "method", "seed", "first_token_acc", "exact_match", "strict_match", "n_trainable", "n_test")
+
+
+@pytest.fixture
+def data(tmp_path):
+    return write_task_dir(tmp_path / "data")
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [("--methods", "site,nope", "unknown method(s) 'nope'; valid: zero_shot, icl, site"),
+     ("--tasks", "upper,nope", "unknown task(s) 'nope'; valid: lower, upper")],
+)
+def test_unknown_names_are_one_line_errors(data, tmp_path, capsys, flag, value, message):
+    assert main(["bench", "--data", str(data), "--out", str(tmp_path / "o"), flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("site-lens: error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_bad_shard(data, tmp_path, capsys):
+    assert main(["bench", "--data", str(data), "--out", str(tmp_path / "o"), "--shard", "2/2"]) == 2
+    assert "0 <= I < N" in capsys.readouterr().err
+
+
+def test_shards_are_disjoint_and_cover():
+    tasks = [f"t{i}" for i in range(7)]
+    parts = [bench.shard(tasks, f"{i}/3") for i in range(3)]
+    assert sorted(sum(parts, [])) == sorted(tasks)
+    assert all(not set(a) & set(b) for a in parts for b in parts if a is not b)
+
+
+def test_categories():
+    assert bench.category("antonym") == "abstractive"
+    assert bench.category("choose_first_of_5") == "extractive"
+    assert bench.category("upper") == "other"
+
+
+def test_resume_skips_finished_rows_and_merge(data, tmp_path):
+    from helpers import tiny
+
+    model = tiny(n_ctx=256)
+    out = tmp_path / "out"
+    seen = []
+    kw = dict(methods=["zero_shot", "ia3"], seeds=[0], data_dir=data, max_test=2,
+              factories=small_methods(), embedding=SMALL_EMBEDDING, report=seen.append)
+    rows = bench.run_bench(model, ["upper"], out=out, **kw)
+    assert len(seen) == 2 and len(rows) == 2
+    bench.run_bench(model, ["upper"], out=out, **kw)
+    assert len(seen) == 2  # nothing re-run
+    # a second "shard" elsewhere, then merge both
+    bench.run_bench(model, ["lower"], out=tmp_path / "shard1", **kw)
+    merged = bench.merge([out, tmp_path / "shard1"], tmp_path / "merged")
+    assert {(r["task"], r["method"]) for r in merged} == {(t, m) for t in ("upper", "lower") for m in ("zero_shot", "ia3")}
+    md = (tmp_path / "merged" / "summary.md").read_text()
+    assert "| ia3 |" in md and "| zero_shot |" in md
+    summary = list(csv.DictReader((tmp_path / "merged" / "summary.csv").open()))
+    assert [s["method"] for s in summary] == ["zero_shot", "ia3"] and all(s["n_tasks"] == "2" for s in summary)
+
+
+def _bench_cmd(data, out):
+    return [sys.executable, str(ENTRY), "bench", "--model", "tiny", "--data", str(data), "--tasks", "all",
+            "--methods", "zero_shot,site,fv,ia3", "--seeds", "1", "--max-test", "2", "--out", str(out)]
+
+
+def _scores(out: Path):
+    return [{k: r[k] for k in SCORES} for r in csv.DictReader((out / "rows.csv").open())]
+
+
+def _env():
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def test_sigkill_mid_task_then_resume_equals_uninterrupted(data, tmp_path):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    done = subprocess.run(_bench_cmd(data, ref), env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    proc = subprocess.Popen(_bench_cmd(data, out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(out.glob("rows/*/*/*.json")):  # the first row of the first task is written
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rows = list(out.glob("rows/*/*/*.json"))
+    assert 1 <= len(rows) < 8, "killed mid-task: some rows but not all"
+    for p in rows:
+        json.loads(p.read_text())  # every file is whole
+    again = subprocess.run(_bench_cmd(data, out), env=_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert list(out.rglob("*.tmp")) == []
+    assert all(json.loads(p.read_text()) for p in out.rglob("*.json"))
+    assert _scores(out) == _scores(ref)
+    assert len(_scores(out)) == 8
