@@ -43,19 +43,19 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def pearson(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> float:
+def pearson(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndarray | Sequence[float | int]) -> float:
     """Pearson correlation of two flattened arrays (nan if either is constant)."""
-    a = np.asarray(torch.as_tensor(x).flatten().double())
-    b = np.asarray(torch.as_tensor(y).flatten().double())
+    a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
+    b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
     a, b = a - a.mean(), b - b.mean()
     den = np.sqrt((a * a).sum() * (b * b).sum())
     return float((a * b).sum() / den) if den > 0 else float("nan")
 
 
-def spearman(x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> float:
+def spearman(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndarray | Sequence[float | int]) -> float:
     """Spearman rank correlation (Pearson on tie-averaged ranks)."""
-    a = np.asarray(torch.as_tensor(x).flatten().double())
-    b = np.asarray(torch.as_tensor(y).flatten().double())
+    a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
+    b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
     return pearson(_ranks(a), _ranks(b))
 
 
