@@ -140,15 +140,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """SITE on every built-in task; prints the table and writes an alpha heatmap."""
     from .models import load_model
-    from .tasks import builtin_tasks, load_task
+    from .tasks import builtin_tasks, check_enough, load_task
 
     cfg = _site_config(args)
+    tasks = [load_task(name) for name in args.tasks or builtin_tasks()]  # bad input fails before any work
+    for task in tasks:
+        check_enough(task.train, cfg.embedding.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)")
     out = Path(args.out)
     check_writable(out)
+    check_writable(Path(args.figures))
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     rows, alphas = [], {}
-    for name in args.tasks or builtin_tasks():
-        task = load_task(name)
+    for task in tasks:
+        name = task.name
         res = run_one(model, task, cfg, out / name)
         rows += _rows(res)
         from .io import load_adapter
@@ -170,8 +174,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from .tasks import builtin_tasks, load_task
+    from .tasks import TaskError, builtin_tasks, load_task
 
+    if args.data and not Path(args.data).is_dir():
+        raise TaskError(f"{args.data}: data folder not found")
     names = sorted(p.name for p in Path(args.data).iterdir() if p.is_dir()) if args.data else builtin_tasks()
     for n in names:
         t = load_task(n, data_dir=args.data)
@@ -212,7 +218,8 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``site-lens`` argument parser, one subparser per command."""
     parser = argparse.ArgumentParser(prog="site-lens", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -268,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     p_merge.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
     p_merge.set_defaults(func=cmd_bench_merge)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)

@@ -412,6 +412,15 @@ def model_identity(model: HookedTransformer) -> dict[str, Any]:
     return dict(ident)
 
 
+def _check_device(device: str) -> None:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ModelError(f"unknown device '{device}' ({str(e).splitlines()[0]})") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ModelError(f"device '{device}' is not available here ({torch.cuda.device_count()} CUDA devices)")
+
+
 def load_model(
     name: str = "smollm2-135m",
     *,
@@ -436,6 +445,7 @@ def load_model(
             raise ModelError(f"unknown dtype '{dtype}' (try float32, bfloat16, float16)")
         dtype = getattr(torch, dtype)
     device = device or "cpu"
+    _check_device(device)  # before minutes of loading, not after
     if name in EMBEDDED_MODELS:
         return _load_embedded(EMBEDDED_MODELS[name], device, dtype, Path(cache_dir) if cache_dir else None, use_cache)
     from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name

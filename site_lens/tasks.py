@@ -160,6 +160,8 @@ def builtin_tasks() -> list[str]:
 
 def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> Task:
     """Load a task by built-in name, by name under ``data_dir``, or by path (folder or .json)."""
+    if not str(name_or_path).strip():
+        raise TaskError("unknown task '': give a built-in task name, a task under --data, or a path")
     if data_dir is not None:
         data_dir = Path(data_dir)
         if not data_dir.is_dir():
