@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -90,7 +90,12 @@ def run_last_token(model: HookedTransformer, batch: LastTokenBatch, hooks=()) ->
     """Logits at the last token, with ``hooks`` acting on that one position (index 0)."""
     zero = torch.zeros(batch.last_tok.shape[0], dtype=torch.long, device=batch.last_tok.device)
     return last_logits(
-        model, batch.last_tok, zero, hooks=list(hooks), attention_mask=torch.ones_like(batch.last_tok), past_kv_cache=batch.cache
+        model,
+        batch.last_tok,
+        zero,
+        hooks=list(hooks),
+        attention_mask=torch.ones_like(batch.last_tok),
+        past_kv_cache=batch.cache,
     )
 
 
@@ -153,7 +158,9 @@ def causal_indirect_effect(
     return total / len(tokens)
 
 
-def alpha_cie_correlation(alpha: Float[Tensor, "layer head_index"], cie: Float[Tensor, "layer head_index"]) -> dict[str, float]:
+def alpha_cie_correlation(
+    alpha: Float[Tensor, "layer head_index"], cie: Float[Tensor, "layer head_index"]
+) -> dict[str, float]:
     """Pearson and Spearman correlation between SITE's alpha and FV's CIE over all heads."""
     from .overlap import pearson, spearman
 

@@ -218,6 +218,43 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_figures(args: argparse.Namespace) -> int:
+    """Figures (HTML + PNG) from run folders; with --analyse, first patching, CIE and transfer (loads the model)."""
+    from .report import TRANSFER_FILE, find_runs, fv_categories, summarise, write_figures
+
+    runs = find_runs(args.runs)
+    if not runs:
+        from .tasks import TaskError
+
+        raise TaskError(f"no run folders (results.json + adapter/) under {args.runs}")
+    out = Path(args.out)
+    check_writable(out)
+    if args.analyse:
+        from .models import load_model
+
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
+        from .report import analyse_runs
+
+        analyse_runs(model, runs, args.data, max_items=args.max_test, cie_prompts=args.cie_prompts, draws=args.draws)
+    import pandas as pd
+
+    transfer_path = Path(args.runs) / TRANSFER_FILE
+    transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
+    written = write_figures(runs, out, transfer)
+    readme = Path(args.data) / "README.md" if args.data else None
+    cats = fv_categories(readme) if readme is not None and readme.is_file() else None
+    for name, df in summarise(runs, cats).items():
+        print(f"\n[{name}]")
+        print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        if args.tables:
+            Path(args.tables).mkdir(parents=True, exist_ok=True)
+            df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
+    print(f"\nwrote {len(written)} files under {out}/:")
+    for w in written:
+        print(f"  {w}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``site-lens`` argument parser, one subparser per command."""
     parser = argparse.ArgumentParser(prog="site-lens", description=__doc__.split("\n")[0])
@@ -274,6 +311,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_merge.add_argument("dirs", nargs="+", help="bench output folders")
     p_merge.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
     p_merge.set_defaults(func=cmd_bench_merge)
+
+    p_fig = sub.add_parser("figures", help="head-specificity figures (HTML + PNG) and tables from run folders under --runs")
+    p_fig.add_argument("--runs", required=True, help="folder searched recursively for results.json + adapter/")
+    p_fig.add_argument("--out", default="figures", help="folder for the figures (default figures/)")
+    p_fig.add_argument("--analyse", action="store_true", help="first compute patching, CIE and transfer (loads --model)")
+    p_fig.add_argument("--model", default="smollm2-135m")
+    p_fig.add_argument("--device", default=None)
+    p_fig.add_argument("--dtype", default="float32")
+    p_fig.add_argument("--data", default=None, help="the tasks' data folder (FV layout; its README gives the categories)")
+    p_fig.add_argument("--max-test", type=int, default=50, help="test items for patching and transfer")
+    p_fig.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE")
+    p_fig.add_argument("--draws", type=int, default=5, help="random head sets per k")
+    p_fig.add_argument("--tables", default=None, help="also write the summary tables as CSV into this folder")
+    p_fig.set_defaults(func=cmd_figures)
 
     return parser
 

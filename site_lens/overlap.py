@@ -13,7 +13,7 @@ All matrices are pandas DataFrames indexed and columned by task name.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -142,8 +142,8 @@ def alpha_shares(alpha: Float[Tensor, "layer head_index"], low: float = 0.1, hig
 @torch.inference_mode()
 def transfer_matrix(
     model: HookedTransformer,
-    tasks: Mapping[str, "Task"],  # noqa: F821
-    adapters: Mapping[str, "Adapter"],  # noqa: F821
+    tasks: Mapping[str, Task],  # noqa: F821
+    adapters: Mapping[str, Adapter],  # noqa: F821
     split: str = "test",
     max_items: int = 50,
     names: Sequence[str] | None = None,

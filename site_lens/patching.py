@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -68,9 +68,7 @@ def bottom_k_heads(alpha: Float[Tensor, "layer head_index"], k: int) -> HeadMask
     return _mask_from(idx, alpha.shape)
 
 
-def random_k_heads(
-    shape: Sequence[int], k: int, rng: random.Random, exclude: HeadMask | None = None
-) -> HeadMask:
+def random_k_heads(shape: Sequence[int], k: int, rng: random.Random, exclude: HeadMask | None = None) -> HeadMask:
     """Mask of k heads drawn uniformly without replacement (outside ``exclude`` when enough remain)."""
     n = int(shape[0]) * int(shape[1])
     pool = list(range(n))
@@ -183,7 +181,10 @@ def generic_head_patch(
 
 @torch.inference_mode()
 def site_reference(
-    model: HookedTransformer, data: PatchData, t: Float[Tensor, "layer head_index d_head"], alpha: Float[Tensor, "layer head_index"]
+    model: HookedTransformer,
+    data: PatchData,
+    t: Float[Tensor, "layer head_index d_head"],
+    alpha: Float[Tensor, "layer head_index"],
 ) -> tuple[float, float]:
     """(accuracy, mean answer probability) with full SITE injected (soft alpha)."""
     dev, dt = model.cfg.device, model.cfg.dtype
@@ -191,13 +192,19 @@ def site_reference(
     hooks = injection_hooks(model, t.to(device=dev, dtype=dt), alpha.to(device=dev, dtype=dt), last)
     logits = last_logits(model, tokens, last, hooks=hooks, attention_mask=attn).float()
     tgt = data.targets.to(dev)
-    return float((logits.argmax(-1) == tgt).float().mean()), float(logits.softmax(-1)[torch.arange(len(tgt)), tgt].mean())
+    return float((logits.argmax(-1) == tgt).float().mean()), float(
+        logits.softmax(-1)[torch.arange(len(tgt)), tgt].mean()
+    )
 
 
 def normalised_recovery(value, low: float, high: float):
     """(value - low) / (high - low); nan where high == low."""
     den = high - low
-    return (np.asarray(value, dtype=float) - low) / den if den != 0 else np.full_like(np.asarray(value, dtype=float), np.nan)
+    return (
+        (np.asarray(value, dtype=float) - low) / den
+        if den != 0
+        else np.full_like(np.asarray(value, dtype=float), np.nan)
+    )
 
 
 # ---------------------------------------------------------------- named variants
@@ -222,7 +229,9 @@ def patch_bottom_k(model, data: PatchData, source, alpha, ks: Sequence[int]) -> 
     return pd.DataFrame(_rows("bottom", ks, masks, *generic_head_patch(model, data, source, masks)))
 
 
-def patch_random_k(model, data: PatchData, source, alpha, ks: Sequence[int], draws: int = 5, seed: int = 0) -> pd.DataFrame:
+def patch_random_k(
+    model, data: PatchData, source, alpha, ks: Sequence[int], draws: int = 5, seed: int = 0
+) -> pd.DataFrame:
     """Patch the source into k uniformly random heads, ``draws`` draws per k."""
     rng = random.Random(seed)
     rows = []
@@ -264,7 +273,14 @@ def head_patching_sweep(
     base = pd.DataFrame(
         [
             {"condition": "zero_shot", "k": 0, "draw": 0, "acc": float(acc0[0]), "prob": float(prob0[0]), "n_heads": 0},
-            {"condition": "all", "k": total, "draw": 0, "acc": float(acc0[1]), "prob": float(prob0[1]), "n_heads": total},
+            {
+                "condition": "all",
+                "k": total,
+                "draw": 0,
+                "acc": float(acc0[1]),
+                "prob": float(prob0[1]),
+                "n_heads": total,
+            },
             {"condition": "site", "k": total, "draw": 0, "acc": site_acc, "prob": site_prob, "n_heads": total},
         ]
     )

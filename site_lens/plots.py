@@ -36,7 +36,7 @@ def alpha_heatmap(alpha: Float[Tensor, "layer head_index"], title: str = "SITE a
             colorscale="Viridis",
             text=text,
             hovertemplate="%{text}: alpha=%{z:.3f}<extra></extra>",
-            colorbar=dict(title="alpha"),
+            colorbar={"title": "alpha"},
         )
     )
     fig.update_layout(title=title, xaxis_title="head", yaxis_title="layer", width=420, height=max(360, 18 * n_layers))
@@ -80,11 +80,11 @@ def patching_curves(df, metric: str = "recovery_prob", title: str = "Patching th
         if cond == "random" and (hi - lo).abs().max() > 0:
             fig.add_trace(
                 go.Scatter(
-                    x=ks + ks[::-1], y=list(hi) + list(lo)[::-1], fill="toself", line=dict(width=0),
+                    x=ks + ks[::-1], y=list(hi) + list(lo)[::-1], fill="toself", line={"width": 0},
                     fillcolor="rgba(127,127,127,0.25)", hoverinfo="skip", name="random (min-max over draws)",
                 )
             )
-        fig.add_trace(go.Scatter(x=ks, y=list(mean), mode="lines+markers", name=f"{cond}-k", line=dict(color=color)))
+        fig.add_trace(go.Scatter(x=ks, y=list(mean), mode="lines+markers", name=f"{cond}-k", line={"color": color}))
     for ref, dash in (("site", "dash"), ("zero_shot", "dot")):
         r = df[df["condition"] == ref]
         if len(r):
@@ -101,7 +101,7 @@ def overlap_heatmap(matrix, order=None, title: str = "alpha correlation across t
     """
     order = list(order) if order is not None else list(matrix.index)
     m = matrix.loc[order, order]
-    scale = dict(colorscale="RdBu", zmid=0, zmin=-1, zmax=1) if diverging else dict(colorscale="Viridis", zmin=0, zmax=1)
+    scale = {"colorscale": "RdBu", "zmid": 0, "zmin": -1, "zmax": 1} if diverging else {"colorscale": "Viridis", "zmin": 0, "zmax": 1}
     fig = go.Figure(
         go.Heatmap(
             z=m.to_numpy(dtype=float), x=order, y=order, text=m.round(2).to_numpy(), texttemplate="%{text}",
@@ -125,7 +125,7 @@ def alpha_cie_scatter(
     fig = go.Figure(
         go.Scatter(
             x=a.flatten().tolist(), y=c.flatten().tolist(), mode="markers", text=labels,
-            marker=dict(color=layers, colorscale="Viridis", colorbar=dict(title="layer"), size=7),
+            marker={"color": layers, "colorscale": "Viridis", "colorbar": {"title": "layer"}, "size": 7},
             hovertemplate="%{text}: alpha=%{x:.3f}, CIE=%{y:.4f}<extra></extra>",
         )
     )
@@ -152,7 +152,7 @@ def alpha_histogram(alphas, title: str = "alpha distribution", nbins: int = 20) 
         fig.add_trace(
             go.Histogram(
                 x=torch.as_tensor(a).detach().float().flatten().tolist(), name=name, opacity=0.6,
-                xbins=dict(start=0, end=1, size=1 / nbins),
+                xbins={"start": 0, "end": 1, "size": 1 / nbins},
             )
         )
     fig.update_layout(title=title, barmode="overlay", xaxis_title="alpha", yaxis_title="heads", width=560, height=380)

@@ -61,7 +61,10 @@ def test_alpha_shares():
 
 def test_transfer_matrix_shape(model):
     shape = (model.cfg.n_layers, model.cfg.n_heads)
-    ads = {n: Adapter(t=torch.randn(*shape, model.cfg.d_head), theta=torch.randn(*shape), model={}) for n in ("antonym", "uppercase")}
+    ads = {
+        n: Adapter(t=torch.randn(*shape, model.cfg.d_head), theta=torch.randn(*shape), model={})
+        for n in ("antonym", "uppercase")
+    }
     tasks = {n: load_task(n) for n in ads}
     m = transfer_matrix(model, tasks, ads, max_items=4)
     assert m.shape == (2, 2) and ((m >= 0) & (m <= 1)).all().all()

@@ -22,7 +22,9 @@ from site_lens.tasks import load_task
 def adapter(model):
     g = torch.Generator().manual_seed(1)
     shape = (model.cfg.n_layers, model.cfg.n_heads)
-    return Adapter(t=torch.randn(*shape, model.cfg.d_head, generator=g) * 2, theta=torch.randn(*shape, generator=g) * 3, model={})
+    return Adapter(
+        t=torch.randn(*shape, model.cfg.d_head, generator=g) * 2, theta=torch.randn(*shape, generator=g) * 3, model={}
+    )
 
 
 def test_head_sets_have_size_k_and_are_disjoint():
@@ -61,7 +63,10 @@ def test_sweep_recovers_zero_and_one(model, adapter):
     assert full.recovery_prob == pytest.approx(1.0, abs=1e-4)
     assert set(df.condition) == {"zero_shot", "all", "site", "top", "bottom", "random"}
     assert len(df[df.condition == "random"]) == 2 * len(k_sweep(total))
-    assert (df.n_heads[df.condition.isin(["top", "bottom", "random"])] == df.k[df.condition.isin(["top", "bottom", "random"])]).all()
+    assert (
+        df.n_heads[df.condition.isin(["top", "bottom", "random"])]
+        == df.k[df.condition.isin(["top", "bottom", "random"])]
+    ).all()
     assert np.isfinite(df.prob).all()
 
 

@@ -15,7 +15,10 @@ from site_lens.plots import (
 
 
 def _sweep():
-    rows = [{"condition": "zero_shot", "k": 0, "draw": 0, "recovery_prob": 0.0}, {"condition": "site", "k": 8, "draw": 0, "recovery_prob": 1.0}]
+    rows = [
+        {"condition": "zero_shot", "k": 0, "draw": 0, "recovery_prob": 0.0},
+        {"condition": "site", "k": 8, "draw": 0, "recovery_prob": 1.0},
+    ]
     for cond, draws in (("top", 1), ("bottom", 1), ("random", 3)):
         for d in range(draws):
             rows += [{"condition": cond, "k": k, "draw": d, "recovery_prob": k / 8 + 0.1 * d} for k in (1, 2, 4, 8)]
@@ -52,7 +55,9 @@ def test_alpha_cie_scatter():
 
 
 def test_training_curve():
-    fig = training_curve({"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "valid_step": [3], "valid_loss": [1.5], "best_step": 3})
+    fig = training_curve(
+        {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "valid_step": [3], "valid_loss": [1.5], "best_step": 3}
+    )
     assert [len(t.x) for t in fig.data] == [3, 1]
 
 

@@ -1,0 +1,248 @@
+"""Head-specificity report: analyses and figures from ``site-lens run`` folders.
+
+A run folder holds ``results.json`` and ``adapter/``; ``find_runs`` finds them
+recursively. ``analyse_runs`` (needs the model) adds to each folder
+
+    patching.csv       patching.head_patching_sweep (top / bottom / random k)
+    cie.safetensors    cie.causal_indirect_effect, tensor "cie" (layer, head)
+
+and ``transfer.csv`` at the root (task B's t with task A's alpha).
+``write_figures`` plots whatever is there (no model needed) and
+``summarise`` returns the headline numbers as DataFrames.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .io import Adapter, load_adapter
+
+log = logging.getLogger(__name__)
+PATCHING_FILE = "patching.csv"
+CIE_FILE = "cie.safetensors"
+TRANSFER_FILE = "transfer.csv"
+
+
+@dataclass
+class Run:
+    """One ``site-lens run`` output folder."""
+
+    path: Path
+    name: str  # the task name
+    results: dict[str, Any]
+    adapter: Adapter
+
+    @property
+    def patching(self) -> pd.DataFrame | None:
+        p = self.path / PATCHING_FILE
+        return pd.read_csv(p) if p.is_file() else None
+
+    @property
+    def cie(self) -> torch.Tensor | None:
+        from safetensors.torch import load_file
+
+        p = self.path / CIE_FILE
+        return load_file(str(p))["cie"] if p.is_file() else None
+
+
+def find_runs(root: str | Path) -> list[Run]:
+    """Every folder under ``root`` (itself included) holding results.json and adapter/, by task name."""
+    root = Path(root)
+    runs = []
+    for res in sorted(root.rglob("results.json")):
+        d = res.parent
+        if not (d / "adapter").is_dir():
+            continue
+        results = json.loads(res.read_text())
+        runs.append(Run(d, str(results.get("task", d.name)), results, load_adapter(d / "adapter")))
+    return runs
+
+
+def fv_categories(readme: str | Path) -> dict[str, str]:
+    """Task -> 'abstractive' / 'extractive' from the FV README's two task lists ({3,5} expanded)."""
+    text = Path(readme).read_text()
+    out: dict[str, str] = {}
+    for cat in ("abstractive", "extractive"):
+        m = re.search(rf"{cat.capitalize()} tasks[^:]*:(.*?)(?:\n\n|$)", text, re.DOTALL)
+        if not m:
+            continue
+        for item in re.split(r",\s*(?![^{]*\})", " ".join(m.group(1).split()).rstrip(".")):
+            for name in _expand(item):
+                out[name] = cat
+    return out
+
+
+def _expand(item: str) -> list[str]:
+    b = re.match(r"(.*?)\{(.*?)\}(.*)", item)
+    if not b:
+        return [item.strip()]
+    pre, alts, post = b.groups()
+    return [n for alt in alts.split(",") for n in _expand(f"{pre}{alt}{post}")]
+
+
+# ---------------------------------------------------------------- analyses (need the model)
+
+
+def analyse_runs(
+    model,
+    runs: Sequence[Run],
+    data_dir: str | Path | None = None,
+    max_items: int = 50,
+    cie_prompts: int = 25,
+    draws: int = 5,
+    redo: bool = False,
+    n_shots: int = 10,
+) -> None:
+    """Write patching.csv and cie.safetensors into each run folder, transfer.csv next to them (skips existing)."""
+    from safetensors.torch import save_file
+
+    from .cie import causal_indirect_effect
+    from .models import model_identity
+    from .overlap import transfer_matrix
+    from .patching import head_patching_sweep
+    from .tasks import load_task
+
+    tasks = {}
+    for run in runs:
+        src = str(run.results.get("task_source") or "")
+        if data_dir:
+            task = load_task(run.name, data_dir=data_dir)
+        else:
+            task = load_task(run.name if not src or src.startswith("builtin:") else src)
+        tasks[run.name] = task
+        run.adapter.check_model(model_identity(model))
+        if redo or not (run.path / PATCHING_FILE).is_file():
+            df = head_patching_sweep(model, task, run.adapter, draws=draws, max_items=max_items)
+            df.to_csv(run.path / PATCHING_FILE, index=False)
+        if redo or not (run.path / CIE_FILE).is_file():
+            cie = causal_indirect_effect(model, task, run.adapter.t, n_prompts=cie_prompts, n_shots=n_shots)
+            save_file({"cie": cie.contiguous()}, str(run.path / CIE_FILE))
+        log.info("analysed %s", run.name)
+    if len(runs) > 1:
+        root = Path(_common_root([r.path for r in runs]))
+        tm = transfer_matrix(model, tasks, {r.name: r.adapter for r in runs}, max_items=max_items)
+        tm.to_csv(root / TRANSFER_FILE)
+
+
+def _common_root(paths: Sequence[Path]) -> Path:
+    parts = [p.resolve().parent.parts for p in paths]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return Path(*common) if common else Path(".")
+
+
+# ---------------------------------------------------------------- summaries and figures
+
+
+def summarise(
+    runs: Sequence[Run], categories: dict[str, str] | None = None, ks: Sequence[int] = (1, 4, 16, 64)
+) -> dict[str, pd.DataFrame]:
+    """Headline tables: per-task alpha shares, accuracies, alpha-CIE correlation; patching recovery at ``ks``; overlap."""
+    from .cie import alpha_cie_correlation
+    from .overlap import alpha_shares, category_summary, jaccard_matrix, pearson_matrix, spearman_matrix
+
+    rows = []
+    for r in runs:
+        row = {"task": r.name, "category": (categories or {}).get(r.name, ""), **alpha_shares(r.adapter.alpha)}
+        for m in ("zero_shot", "icl", "site"):
+            if m in r.results:
+                row[f"{m}_first_token_acc"] = r.results[m]["first_token_acc"]
+        cie = r.cie
+        if cie is not None:
+            c = alpha_cie_correlation(r.adapter.alpha, cie)
+            row["alpha_cie_pearson"], row["alpha_cie_spearman"] = c["pearson"], c["spearman"]
+        rows.append(row)
+    out = {"tasks": pd.DataFrame(rows)}
+    frames = [r.patching for r in runs if r.patching is not None]
+    if frames:
+        df = pd.concat(frames, ignore_index=True)
+        d = df[df.condition.isin(["top", "bottom", "random"]) & df.k.isin(list(ks))]
+        out["patching"] = (
+            d.groupby(["condition", "k"])[["recovery_prob", "recovery_acc", "acc", "prob"]].mean().reset_index()
+        )
+    alphas = {r.name: r.adapter.alpha for r in runs}
+    if len(alphas) > 1 and categories:
+        out["overlap"] = pd.DataFrame(
+            [
+                {"measure": name, **category_summary(m, categories)}
+                for name, m in (
+                    ("pearson", pearson_matrix(alphas)),
+                    ("spearman", spearman_matrix(alphas)),
+                    ("jaccard_top20", jaccard_matrix(alphas, 20)),
+                )
+            ]
+        )
+    return out
+
+
+def write_figures(runs: Sequence[Run], out: str | Path, transfer: pd.DataFrame | None = None) -> list[Path]:
+    """Every figure the runs support, as HTML (+ PNG when static export works); returns the files written."""
+    from .overlap import cluster_order, jaccard_matrix, pearson_matrix
+    from .plots import (
+        alpha_cie_scatter,
+        alpha_heatmap,
+        alpha_histogram,
+        overlap_heatmap,
+        patching_curves,
+        save_figure,
+        training_curve,
+    )
+
+    out = Path(out)
+    written: list[Path] = []
+    for r in runs:
+        model = r.results.get("model", "")
+        written += save_figure(
+            alpha_heatmap(r.adapter.alpha, title=f"SITE alpha, {model}, {r.name}"), out / f"alpha_{r.name}"
+        )
+        if r.results.get("history"):
+            written += save_figure(
+                training_curve(r.results["history"], title=f"alpha training, {r.name}"), out / f"training_{r.name}"
+            )
+        if r.patching is not None:
+            written += save_figure(
+                patching_curves(r.patching, title=f"patching t into k heads, {r.name}"), out / f"patching_{r.name}"
+            )
+        if r.cie is not None:
+            written += save_figure(
+                alpha_cie_scatter(r.adapter.alpha, r.cie, title=f"alpha vs CIE, {r.name}"), out / f"alpha_cie_{r.name}"
+            )
+    if not runs:
+        return written
+    alphas = {r.name: r.adapter.alpha for r in runs}
+    written += save_figure(alpha_histogram(alphas, title="alpha over heads, all tasks"), out / "alpha_histogram")
+    frames = [r.patching for r in runs if r.patching is not None]
+    if len(frames) > 1:
+        fig = patching_curves(
+            pd.concat(frames, ignore_index=True), title=f"patching t into k heads, mean of {len(frames)} tasks"
+        )
+        written += save_figure(fig, out / "patching_all")
+    if len(alphas) > 1:
+        pm = pearson_matrix(alphas)
+        written += save_figure(
+            overlap_heatmap(pm, cluster_order(pm), "alpha Pearson correlation (clustered)"), out / "overlap_pearson"
+        )
+        jm = jaccard_matrix(alphas, 20)
+        written += save_figure(
+            overlap_heatmap(jm, cluster_order(jm), "top-20 head Jaccard overlap (clustered)", diverging=False),
+            out / "overlap_jaccard",
+        )
+    if transfer is not None:
+        fig = overlap_heatmap(
+            transfer, title="transfer: accuracy on column task with row task's alpha", diverging=False
+        )
+        fig.update_layout(xaxis_title="task (its t)", yaxis_title="alpha from")
+        written += save_figure(fig, out / "transfer")
+    return written
