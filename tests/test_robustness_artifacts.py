@@ -74,7 +74,11 @@ def _t(model, dtype=torch.float32):
 DAMAGE = [
     ("weights-empty", lambda f, m: (f / WEIGHTS_FILE).write_bytes(b""), "unreadable safetensors"),
     ("weights-garbage", lambda f, m: (f / WEIGHTS_FILE).write_bytes(b"\x00" * 64), "unreadable safetensors"),
-    ("weights-huge-header", lambda f, m: (f / WEIGHTS_FILE).write_bytes((2**62).to_bytes(8, "little") + b"{}"), "unreadable"),
+    (
+        "weights-huge-header",
+        lambda f, m: (f / WEIGHTS_FILE).write_bytes((2**62).to_bytes(8, "little") + b"{}"),
+        "unreadable",
+    ),
     ("weights-text", lambda f, m: (f / WEIGHTS_FILE).write_text("not tensors"), "unreadable safetensors"),
     ("weights-pickle", lambda f, m: torch.save({"t": _t(m)[0]}, f / WEIGHTS_FILE), "unreadable safetensors"),
     ("weights-missing", lambda f, m: (f / WEIGHTS_FILE).unlink(), "missing from the adapter folder"),
@@ -86,24 +90,40 @@ DAMAGE = [
     ("cfg-deep", lambda f, m: (f / CFG_FILE).write_text("[" * 100_000), "not valid JSON"),
     ("cfg-huge-int", lambda f, m: (f / CFG_FILE).write_text("9" * 5000), "not valid JSON"),
     ("cfg-list", lambda f, m: (f / CFG_FILE).write_text("[]"), "not a site-lens-adapter/1 config"),
-    ("cfg-other-format", lambda f, m: _edit_cfg(f, lambda c: c.update(format="site-lens-adapter/9")), "not a site-lens"),
+    (
+        "cfg-other-format",
+        lambda f, m: _edit_cfg(f, lambda c: c.update(format="site-lens-adapter/9")),
+        "not a site-lens",
+    ),
     ("cfg-no-model", lambda f, m: _edit_cfg(f, lambda c: c.pop("model")), "not a site-lens"),
     ("cfg-model-string", lambda f, m: _edit_cfg(f, lambda c: c.update(model="tiny")), "not a site-lens"),
     ("cfg-meta-list", lambda f, m: _edit_cfg(f, lambda c: c.update(meta=[1])), "'meta' must be an object"),
     ("cfg-more-heads", lambda f, m: _edit_cfg(f, lambda c: c["model"].update(n_heads=99)), "shape"),
     ("cfg-layers-string", lambda f, m: _edit_cfg(f, lambda c: c["model"].update(n_layers="2")), "shape"),
     ("cfg-no-shape", lambda f, m: _edit_cfg(f, lambda c: c["model"].pop("d_head")), "shape"),
-    ("weights-replaced", lambda f, m: _replace_tensors(f, dict(zip(("t", "theta"), _t(m))), keep_digest=True), "SHA-256"),
+    (
+        "weights-replaced",
+        lambda f, m: _replace_tensors(f, dict(zip(("t", "theta"), _t(m))), keep_digest=True),
+        "SHA-256",
+    ),
     ("digest-edited", lambda f, m: _edit_cfg(f, lambda c: c.update(weights_sha256="0" * 64)), "SHA-256"),
     ("float16", lambda f, m: _replace_tensors(f, dict(zip(("t", "theta"), _t(m, torch.float16)))), "float32"),
     ("bfloat16", lambda f, m: _replace_tensors(f, dict(zip(("t", "theta"), _t(m, torch.bfloat16)))), "float32"),
     ("float64", lambda f, m: _replace_tensors(f, dict(zip(("t", "theta"), _t(m, torch.float64)))), "float32"),
     ("int-tensors", lambda f, m: _replace_tensors(f, dict(zip(("t", "theta"), _t(m, torch.int64)))), "float32"),
     ("bool-theta", lambda f, m: _replace_tensors(f, {"t": _t(m)[0], "theta": _t(m, torch.bool)[1]}), "float32"),
-    ("extra-tensor", lambda f, m: _replace_tensors(f, {**dict(zip(("t", "theta"), _t(m))), "bias": torch.zeros(1)}), "found"),
+    (
+        "extra-tensor",
+        lambda f, m: _replace_tensors(f, {**dict(zip(("t", "theta"), _t(m))), "bias": torch.zeros(1)}),
+        "found",
+    ),
     ("missing-theta", lambda f, m: _replace_tensors(f, {"t": _t(m)[0]}), "expected tensors 't' and 'theta'"),
     ("renamed", lambda f, m: _replace_tensors(f, dict(zip(("T", "theta"), _t(m)))), "expected tensors"),
-    ("transposed-t", lambda f, m: _replace_tensors(f, {"t": _t(m)[0].transpose(0, 2).contiguous(), "theta": _t(m)[1]}), "shape"),
+    (
+        "transposed-t",
+        lambda f, m: _replace_tensors(f, {"t": _t(m)[0].transpose(0, 2).contiguous(), "theta": _t(m)[1]}),
+        "shape",
+    ),
     ("flat-theta", lambda f, m: _replace_tensors(f, {"t": _t(m)[0], "theta": _t(m)[1].flatten()}), "shape"),
     ("scalar-theta", lambda f, m: _replace_tensors(f, {"t": _t(m)[0], "theta": torch.zeros(())}), "shape"),
     ("nan-theta", lambda f, m: _replace_tensors(f, {"t": _t(m)[0], "theta": _t(m)[1] + float("nan")}), "non-finite"),
@@ -147,7 +167,12 @@ def test_adapter_from_another_model_is_refused(model, saved):
     from helpers import tiny
 
     ident = model_identity(model)
-    for other in (tiny(n_heads=2, n_key_value_heads=1), tiny(d_model=64), tiny(n_layers=3), tiny(d_head=4, rotary_dim=4)):
+    for other in (
+        tiny(n_heads=2, n_key_value_heads=1),
+        tiny(d_model=64),
+        tiny(n_layers=3),
+        tiny(d_head=4, rotary_dim=4),
+    ):
         with pytest.raises(AdapterError, match="adapter was made for model"):
             load_adapter(saved, model_identity(other))
     changed = [
@@ -250,7 +275,11 @@ CACHE_DAMAGE = [
     ("meta-garbage", lambda e: (e / models.META_FILE).write_text("{"), None),
     ("meta-missing", lambda e: (e / models.META_FILE).unlink(), None),
     ("weights-missing", lambda e: (e / models.WEIGHTS_FILE).unlink(), None),
-    ("weights-truncated", lambda e: (e / models.WEIGHTS_FILE).write_bytes((e / models.WEIGHTS_FILE).read_bytes()[:-100]), None),
+    (
+        "weights-truncated",
+        lambda e: (e / models.WEIGHTS_FILE).write_bytes((e / models.WEIGHTS_FILE).read_bytes()[:-100]),
+        None,
+    ),
     ("weights-empty", lambda e: (e / models.WEIGHTS_FILE).write_bytes(b""), None),
     ("weights-header-byte", lambda e: _flip(e / models.WEIGHTS_FILE, 20), None),
     ("weights-length-byte", lambda e: _flip(e / models.WEIGHTS_FILE, 7), None),

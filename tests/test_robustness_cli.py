@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import site_lens.cli as cli
+from site_lens import cli
 from site_lens.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_interrupt_exits_130(monkeypatch, capsys):
 def _site_lens(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "site_lens", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
 
 
 def test_exit_codes_of_the_real_process(tmp_path):

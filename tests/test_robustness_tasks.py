@@ -55,10 +55,10 @@ BAD_FILES = [
     ("comment", "// tasks\n" + _dump(GOOD), "invalid JSON"),
     ("deep-nesting", "[" * 100_000 + "]" * 100_000, "invalid JSON"),
     ("huge-integer", '[{"input": "a", "output": ' + "9" * 5000 + "}]", "invalid JSON"),
-    ("not-utf8", b"[{\"input\": \"caf\xe9\", \"output\": \"b\"}]", "cannot read"),
+    ("not-utf8", b'[{"input": "caf\xe9", "output": "b"}]', "cannot read"),
     ("utf16", _dump(GOOD).encode("utf-16"), "cannot read"),
     ("top-object", {"input": "a", "output": "b"}, "expected a JSON list"),
-    ("top-string", "\"antonym\"", "expected a JSON list"),
+    ("top-string", '"antonym"', "expected a JSON list"),
     ("top-number", "42", "expected a JSON list"),
     ("top-null", "null", "expected a JSON list"),
     ("top-true", "true", "expected a JSON list"),
@@ -238,7 +238,9 @@ def test_any_json_file_loads_or_raises_one_task_error(tmp_path, content, n_shots
 
 
 @FAST
-@given(content=st.binary(max_size=64) | st.text(ANY_CHAR, max_size=40).map(lambda s: s.encode("utf-8", "surrogatepass")))
+@given(
+    content=st.binary(max_size=64) | st.text(ANY_CHAR, max_size=40).map(lambda s: s.encode("utf-8", "surrogatepass"))
+)
 def test_any_bytes_load_or_raise_one_task_error(tmp_path, content):
     p = tmp_path / "bytes.json"
     p.write_bytes(content)
@@ -248,7 +250,9 @@ def test_any_bytes_load_or_raise_one_task_error(tmp_path, content):
         assert_one_clear_error(e, p)
 
 
-SPLIT_CONTENT = st.sampled_from(["missing", "folder", "{", "[]", "{}"]) | st.lists(GOOD_ITEM, min_size=1, max_size=5) | TOP
+SPLIT_CONTENT = (
+    st.sampled_from(["missing", "folder", "{", "[]", "{}"]) | st.lists(GOOD_ITEM, min_size=1, max_size=5) | TOP
+)
 
 
 @FAST

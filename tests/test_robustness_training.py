@@ -93,7 +93,13 @@ def test_nan_at_the_first_step_keeps_the_initial_theta(model):
 
 
 def test_non_finite_training_settings_are_refused():
-    for bad in ({"lr": float("inf")}, {"lr": float("nan")}, {"lr": 0.0}, {"theta_init": float("nan")}, {"theta_init": float("-inf")}):
+    for bad in (
+        {"lr": float("inf")},
+        {"lr": float("nan")},
+        {"lr": 0.0},
+        {"theta_init": float("nan")},
+        {"theta_init": float("-inf")},
+    ):
         with pytest.raises(ConfigError, match="finite|> 0") as e:
             SelectionConfig(**bad)
         assert "\n" not in str(e.value)
@@ -106,7 +112,7 @@ def test_stopped_training_is_recorded_in_the_adapter_and_results(model):
         poison.on = step >= 3
 
     with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", poison)]):
-        adapter, history, _ = fit_site(model, _task(), _cfg(eval_every=0), progress=progress)
+        adapter, _, _ = fit_site(model, _task(), _cfg(eval_every=0), progress=progress)
     assert "non-finite loss (nan) at step 4" in adapter.meta["history"]["stopped_early"]
     assert torch.isfinite(adapter.theta).all() and torch.isfinite(adapter.t).all()
 
