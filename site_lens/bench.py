@@ -22,8 +22,9 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from transformer_lens import HookedTransformer
@@ -43,14 +44,46 @@ ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, "n_trainable", "fi
 
 # The FV suite's categories (shared/datasets/fv/README.md): abstractive tasks generate, extractive pick from the input.
 ABSTRACTIVE = frozenset(
-    "antonym capitalize capitalize_first_letter capitalize_second_letter commonsense_qa country-capital english-french "
-    "english-spanish lowercase_first_letter national_parks next_capital_letter park-country person-occupation person-sport "
-    "present-past prev_item sentiment singular-plural word_length ag_news".split()
+    [
+        "antonym",
+        "capitalize",
+        "capitalize_first_letter",
+        "capitalize_second_letter",
+        "commonsense_qa",
+        "country-capital",
+        "english-french",
+        "english-spanish",
+        "lowercase_first_letter",
+        "national_parks",
+        "next_capital_letter",
+        "park-country",
+        "person-occupation",
+        "person-sport",
+        "present-past",
+        "prev_item",
+        "sentiment",
+        "singular-plural",
+        "word_length",
+        "ag_news",
+    ]
 )
 EXTRACTIVE = frozenset(
-    [f"{s}_{n}" for s in ("adjective_v_verb", "alphabetically_first", "alphabetically_last", "animal_v_object",
-                          "choose_first_of", "choose_last_of", "color_v_animal", "concept_v_object",
-                          "object_v_concept", "verb_v_adjective") for n in (3, 5)]
+    [
+        f"{s}_{n}"
+        for s in (
+            "adjective_v_verb",
+            "alphabetically_first",
+            "alphabetically_last",
+            "animal_v_object",
+            "choose_first_of",
+            "choose_last_of",
+            "color_v_animal",
+            "concept_v_object",
+            "object_v_concept",
+            "verb_v_adjective",
+        )
+        for n in (3, 5)
+    ]
     + ["choose_middle_of_3", "fruit_v_animal_3", "conll2003_location", "conll2003_person", "squad_val"]
 )
 
@@ -81,7 +114,9 @@ def resolve(spec: str, valid: Sequence[str], what: str) -> list[str]:
     unknown = [n for n in names if n not in valid]
     if unknown or not names:
         err = TaskError if what == "task" else ConfigError
-        raise err(f"unknown {what}(s) {', '.join(repr(u) for u in unknown) or '(none given)'}; valid: {', '.join(valid)}")
+        raise err(
+            f"unknown {what}(s) {', '.join(repr(u) for u in unknown) or '(none given)'}; valid: {', '.join(valid)}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -193,7 +228,9 @@ def run_bench(
     spec = {"model": ident["name"], "max_test": max_test, "max_new_tokens": 20}
     if remove_stale_temps(out):
         log.info("removed temp files left by an interrupted run")
-    write_json_atomic(out / SPEC_FILE, {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds)})
+    write_json_atomic(
+        out / SPEC_FILE, {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds)}
+    )
     eval_cfg = EvalConfig(max_test=max_test, max_new_tokens=20)
     for name in tasks:
         task = load_task(name, data_dir=data_dir)
@@ -254,20 +291,42 @@ def _fmt(v: Any) -> str:
 def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], title: str = "") -> str:
     """The summary table (exact match in %), then exact match per task."""
     lines = [f"# {title}".rstrip(), ""] if title else []
-    cats = [k[len("exact_match_"):] for k in (summary[0] if summary else {}) if k.startswith("exact_match_")]
-    head = ["method", "tasks", "first-token %", "exact %", "strict %", *[f"exact % {c}" for c in cats],
-            "trainable params", "fit s", "ms/query"]
+    cats = [k[len("exact_match_") :] for k in (summary[0] if summary else {}) if k.startswith("exact_match_")]
+    head = [
+        "method",
+        "tasks",
+        "first-token %",
+        "exact %",
+        "strict %",
+        *[f"exact % {c}" for c in cats],
+        "trainable params",
+        "fit s",
+        "ms/query",
+    ]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
-        pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
-        cells = [s["method"], str(s["n_tasks"]), pct(s["first_token_acc"]), pct(s["exact_match"]), pct(s["strict_match"]),
-                 *[pct(s[f"exact_match_{c}"]) for c in cats], f"{s['n_trainable']:,.0f}", f"{s['fit_seconds']:.1f}",
-                 f"{s['ms_per_query']:.1f}"]
+        pct = lambda v: "-" if v is None else f"{100 * v:.1f}"
+        cells = [
+            s["method"],
+            str(s["n_tasks"]),
+            pct(s["first_token_acc"]),
+            pct(s["exact_match"]),
+            pct(s["strict_match"]),
+            *[pct(s[f"exact_match_{c}"]) for c in cats],
+            f"{s['n_trainable']:,.0f}",
+            f"{s['fit_seconds']:.1f}",
+            f"{s['ms_per_query']:.1f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     methods = [s["method"] for s in summary]
     tasks = sorted({(r["category"], r["task"]) for r in rows})
-    lines += ["", "Exact match (%) per task (mean over seeds):", "",
-              "| task | category | " + " | ".join(methods) + " |", "|" + "---|" * (len(methods) + 2)]
+    lines += [
+        "",
+        "Exact match (%) per task (mean over seeds):",
+        "",
+        "| task | category | " + " | ".join(methods) + " |",
+        "|" + "---|" * (len(methods) + 2),
+    ]
     for c, t in tasks:
         cells = []
         for m in methods:
@@ -299,7 +358,9 @@ def write_summary(out: Path, sources: Sequence[Path] | None = None) -> list[dict
     out.mkdir(parents=True, exist_ok=True)
     rows = collect_rows(sources or [out])
     summary = summarise(rows)
-    spec = _read_json(out / SPEC_FILE) or next((_read_json(Path(s) / SPEC_FILE) for s in sources or [] if _read_json(Path(s) / SPEC_FILE)), None)
+    spec = _read_json(out / SPEC_FILE) or next(
+        (_read_json(Path(s) / SPEC_FILE) for s in sources or [] if _read_json(Path(s) / SPEC_FILE)), None
+    )
     title = f"site-lens bench: {spec['model']}, max_test {spec['max_test']}" if spec else "site-lens bench"
     _write_text_atomic(out / "rows.csv", _csv([{k: _fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
     _write_text_atomic(out / "summary.csv", _csv([{k: _fmt(v) for k, v in s.items()} for s in summary]))

@@ -9,15 +9,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 
-import site_lens.bench as bench  # noqa: E402
-import site_lens.models as models  # noqa: E402
-from site_lens.baselines import METHODS  # noqa: E402
-from site_lens.cli import main  # noqa: E402
-from small import SMALL_EMBEDDING, small_methods  # noqa: E402
+from small import SMALL_EMBEDDING, small_methods
+
+from site_lens import (
+    bench,
+    models,
+)
+from site_lens.baselines import METHODS
+from site_lens.cli import main
 
 _load = models.load_model
 

@@ -7,8 +7,17 @@ import random
 import string
 from pathlib import Path
 
-from site_lens.baselines import FunctionVector, I2CL, IA3, LoRA, MTVConfig, MultimodalTaskVector, Site, TrainConfig
-from site_lens.baselines import METHODS
+from site_lens.baselines import (
+    I2CL,
+    IA3,
+    METHODS,
+    FunctionVector,
+    LoRA,
+    MTVConfig,
+    MultimodalTaskVector,
+    Site,
+    TrainConfig,
+)
 from site_lens.config import EmbeddingConfig, SelectionConfig
 
 SMALL_EMBEDDING = EmbeddingConfig(n_prompts=4, n_shots=3)

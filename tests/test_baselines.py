@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
-from site_lens.baselines import I2CL, IA3, LoRA, METHODS, TaskContext, score_method
+from site_lens.baselines import I2CL, IA3, METHODS, LoRA, TaskContext, score_method
 from site_lens.baselines.base import first_token_loss, train_valid_examples
 from site_lens.config import EvalConfig
 from site_lens.tasks import load_task
-from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,10 @@ def test_trainable_parameter_counts(model, fitted):
     c = model.cfg
     kv = c.n_key_value_heads
     expected = {
-        "zero_shot": 0, "icl": 0, "fv": 0, "tv": 0,
+        "zero_shot": 0,
+        "icl": 0,
+        "fv": 0,
+        "tv": 0,
         "site": c.n_layers * c.n_heads,
         "mtv": c.n_layers * c.n_heads,
         "i2cl": 4 * c.n_layers,
@@ -126,7 +129,9 @@ def test_lora_hook_equals_a_weight_update(model):
     hooked = model.run_with_hooks(tokens, fwd_hooks=lora.persistent_hooks(model))
     attn = model.blocks[0].attn
     a, b = lora.params[0].detach(), lora.params[1].detach()
-    delta = (lora.alpha / lora.rank) * (a @ b).view(model.cfg.d_model, model.cfg.n_heads, model.cfg.d_head).permute(1, 0, 2)
+    delta = (lora.alpha / lora.rank) * (a @ b).view(model.cfg.d_model, model.cfg.n_heads, model.cfg.d_head).permute(
+        1, 0, 2
+    )
     w_q = attn.W_Q.detach().clone()
     try:
         with torch.no_grad():
@@ -153,6 +158,7 @@ def test_ia3_touches_k_v_and_mlp_only(model):
 @pytest.mark.parametrize("name", ["i2cl", "lora", "ia3"])
 def test_fit_lowers_training_loss(model, task, name):
     from small import SMALL_TRAIN
+
     from site_lens.baselines import TrainConfig
 
     cls = {"i2cl": I2CL, "lora": LoRA, "ia3": IA3}[name]
@@ -185,6 +191,6 @@ def test_fv_and_tv_choose_a_layer_on_valid(fitted, model):
 
 
 def test_score_method_rows(model, task, fitted):
-    for name, m in fitted.items():
+    for m in fitted.values():
         r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
         assert r["n"] == 2 and 0 <= r["exact_match"] <= 1 and 0 <= r["first_token_acc"] <= 1

@@ -1,13 +1,13 @@
 """Benchmarked methods, one file each, behind one interface (``base.Method``).
 
-    method = make_method("fv")
-    method.fit(model, task, seed)
-    row = score_method(model, method, task, seed, EvalConfig(max_test=100))
+method = make_method("fv")
+method.fit(model, task, seed)
+row = score_method(model, method, task, seed, EvalConfig(max_test=100))
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .base import Method, TaskContext, TrainConfig, score_method
 from .fv import FunctionVector
@@ -39,6 +39,20 @@ def make_method(name: str) -> Method:
 
 
 __all__ = [
-    "FunctionVector", "I2CL", "IA3", "ICL", "LoRA", "METHODS", "MTVConfig", "Method", "MultimodalTaskVector",
-    "Site", "TaskContext", "TaskVector", "TrainConfig", "ZeroShot", "make_method", "score_method",
+    "I2CL",
+    "IA3",
+    "ICL",
+    "METHODS",
+    "FunctionVector",
+    "LoRA",
+    "MTVConfig",
+    "Method",
+    "MultimodalTaskVector",
+    "Site",
+    "TaskContext",
+    "TaskVector",
+    "TrainConfig",
+    "ZeroShot",
+    "make_method",
+    "score_method",
 ]

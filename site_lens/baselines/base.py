@@ -24,8 +24,9 @@ import math
 import random
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,12 @@ from ..selection import Example, make_examples
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 
 log = logging.getLogger(__name__)
+
+
+def sum_last_hook(act: Tensor, hook, store: dict[str, Tensor], last: Tensor) -> None:
+    """Store the sum over rows of ``act`` at each row's last real token, under the hook's name."""
+    rows = torch.arange(act.shape[0], device=act.device)
+    store[hook.name] = act[rows, last].float().sum(0).cpu()  # (d_model,)
 
 
 def method_seed(seed: int, name: str) -> int:
@@ -60,7 +67,7 @@ class Method:
         """Scalars fitted by gradient descent or a policy (0 for training-free methods)."""
         return 0
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: "TaskContext | None" = None) -> None:
+    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         """Fit on ``task.train`` (model selection on ``task.valid``); the default does nothing."""
 
     def prompts(self, task: Task, pairs: Sequence[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
@@ -138,7 +145,9 @@ def score_method(
         **score(preds, [a for _, a in prompts], bool(task.case_sensitive)),
         "n": len(pairs),
         "ms_per_query": 1000 * seconds / max(1, len(pairs)),
-        "predictions": [{"prompt_tail": p.split("\n\n")[-1], "target": a, "output": o} for (p, a), o in zip(prompts, preds)],
+        "predictions": [
+            {"prompt_tail": p.split("\n\n")[-1], "target": a, "output": o} for (p, a), o in zip(prompts, preds)
+        ],
     }
 
 

@@ -16,8 +16,8 @@ token's cross-entropy over zero-shot train prompts (the model frozen).
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import torch
 from jaxtyping import Float
@@ -28,7 +28,7 @@ from transformer_lens.utilities import get_act_name
 
 from ..inject import Hooks, encode, pad_id, pad_right
 from ..tasks import Task
-from .base import Method, TaskContext, TrainConfig, method_seed, train_first_token, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, method_seed, sum_last_hook, train_first_token, train_valid_examples
 
 KINDS = ("attn_out", "mlp_out")
 
@@ -41,19 +41,17 @@ def linear_combine_hook(
 
 
 @torch.inference_mode()
-def context_vectors(model: HookedTransformer, demos: Sequence[str], batch_size: int = 10) -> Float[Tensor, "kind layer d_model"]:
+def context_vectors(
+    model: HookedTransformer, demos: Sequence[str], batch_size: int = 10
+) -> Float[Tensor, "kind layer d_model"]:
     """Mean attention and MLP outputs at each demonstration's last token, per layer."""
     names = [[get_act_name(k, layer) for layer in range(model.cfg.n_layers)] for k in KINDS]
     total = torch.zeros(len(KINDS), model.cfg.n_layers, model.cfg.d_model)
     toks = encode(model, demos)
     for s in range(0, len(toks), batch_size):
         tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
-        rows = torch.arange(len(last), device=last.device)
         store: dict[str, Tensor] = {}
-
-        def grab(act, hook):
-            store[hook.name] = act[rows, last].float().sum(0).cpu()  # (d_model,)
-
+        grab = partial(sum_last_hook, store=store, last=last)
         with model.hooks(fwd_hooks=[(n, grab) for kind in names for n in kind]):
             model(tokens, stop_at_layer=model.cfg.n_layers)
         total += torch.stack([torch.stack([store[n] for n in kind]) for kind in names])
@@ -88,7 +86,9 @@ class I2CL(Method):
         self.init_params(model, context_vectors(model, [f"Q: {x}\nA: {y}" for x, y in demos]))
         train, valid = train_valid_examples(model, task)
         torch.manual_seed(method_seed(seed, self.name))
-        self.info = train_first_token(model, [self.lam], lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed)
+        self.info = train_first_token(
+            model, [self.lam], lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
+        )
 
     def persistent_hooks(self, model: HookedTransformer) -> Hooks:
         assert self.lam is not None and self.c is not None, "fit first"

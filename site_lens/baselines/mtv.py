@@ -87,7 +87,12 @@ class MultimodalTaskVector(Method):
                     best = (vl, step, phi.detach().clone())
         phi_best = best[2] if valid else phi.detach()
         self.mask = (torch.sigmoid(phi_best) > 0.5).float()
-        self.info = {"best_step": best[1], "best_valid_loss": best[0], "n_heads_selected": int(self.mask.sum()), "rewards": rewards[-10:]}
+        self.info = {
+            "best_step": best[1],
+            "best_valid_loss": best[0],
+            "n_heads_selected": int(self.mask.sum()),
+            "rewards": rewards[-10:],
+        }
 
     def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
         assert self.mask is not None, "fit first"

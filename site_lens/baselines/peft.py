@@ -38,7 +38,12 @@ def capture_hook(x: Tensor, hook: HookPoint, store: dict[str, Tensor], ln: nn.Mo
 
 
 def lora_hook(
-    act: Float[Tensor, "batch pos head_index d_head"], hook: HookPoint, store: dict[str, Tensor], a: Tensor, b: Tensor, scale: float
+    act: Float[Tensor, "batch pos head_index d_head"],
+    hook: HookPoint,
+    store: dict[str, Tensor],
+    a: Tensor,
+    b: Tensor,
+    scale: float,
 ) -> Float[Tensor, "batch pos head_index d_head"]:
     """act += scale * (x A B), reshaped to heads."""
     delta = (store["x"].to(a.dtype) @ a) @ b  # (batch, pos, heads * d_head)
@@ -74,13 +79,18 @@ class LoRA(Method):
             for width in (cfg.n_heads * cfg.d_head, n_kv * cfg.d_head):
                 a = torch.empty(cfg.d_model, self.rank)
                 nn.init.kaiming_uniform_(a.T, a=math.sqrt(5), generator=gen)  # as PEFT initialises A
-                params += [nn.Parameter(a.to(cfg.device)), nn.Parameter(torch.zeros(self.rank, width, device=cfg.device))]
+                params += [
+                    nn.Parameter(a.to(cfg.device)),
+                    nn.Parameter(torch.zeros(self.rank, width, device=cfg.device)),
+                ]
         self.params = nn.ParameterList(params)
 
     def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         self.init_params(model, seed)
         train, valid = train_valid_examples(model, task)
-        self.info = train_first_token(model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed)
+        self.info = train_first_token(
+            model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
+        )
 
     def persistent_hooks(self, model: HookedTransformer) -> Hooks:
         assert self.params is not None, "fit first"
@@ -122,7 +132,9 @@ class IA3(Method):
     def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         self.init_params(model)
         train, valid = train_valid_examples(model, task)
-        self.info = train_first_token(model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed)
+        self.info = train_first_token(
+            model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
+        )
 
     def persistent_hooks(self, model: HookedTransformer) -> Hooks:
         assert self.params is not None, "fit first"

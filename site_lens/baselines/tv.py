@@ -10,8 +10,8 @@ prompts whose query is a dummy; here the queries come from train, the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -22,7 +22,7 @@ from transformer_lens.utilities import get_act_name
 
 from ..inject import HookFactory, encode, pad_id, pad_right
 from ..tasks import Task
-from .base import Method, TaskContext, choose_layer, train_valid_examples
+from .base import Method, TaskContext, choose_layer, sum_last_hook, train_valid_examples
 
 
 def replace_at_hook(
@@ -34,19 +34,17 @@ def replace_at_hook(
 
 
 @torch.inference_mode()
-def mean_last_resid(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10) -> Float[Tensor, "layer d_model"]:
+def mean_last_resid(
+    model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10
+) -> Float[Tensor, "layer d_model"]:
     """hook_resid_pre of every layer at the last token, averaged over prompts."""
     names = [get_act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)]
     total = torch.zeros(model.cfg.n_layers, model.cfg.d_model)
     toks = encode(model, prompts)
     for s in range(0, len(toks), batch_size):
         tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
-        rows = torch.arange(len(last), device=last.device)
         store: dict[str, Tensor] = {}
-
-        def grab(act, hook):
-            store[hook.name] = act[rows, last].float().sum(0).cpu()  # (d_model,)
-
+        grab = partial(sum_last_hook, store=store, last=last)
         with model.hooks(fwd_hooks=[(n, grab) for n in names]):
             model(tokens, stop_at_layer=model.cfg.n_layers)
         total += torch.stack([store[n] for n in names])
