@@ -45,8 +45,9 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
+from .cie import last_token_batches, run_last_token
 from .embeddings import last_token_z
-from .inject import answer_ids, encode, injection_hooks, last_logits, pad_id, pad_right, z_names
+from .inject import answer_ids, encode, injection_hooks, z_names
 from .tasks import Task, sample_icl_prompts, zero_shot_prompts
 
 log = logging.getLogger(__name__)
@@ -158,24 +159,24 @@ def generic_head_patch(
     if src.dim() == 3:
         src = src.expand(n, *src.shape)  # (prompt, layer, head, d_head)
     names = z_names(model)
-    batches = []
-    for s in range(0, n, batch_size):
-        idx = list(range(s, min(n, s + batch_size)))
-        tokens, attn, last = pad_right([data.tokens[i] for i in idx], pad_id(model), dev)
-        batches.append((idx, tokens, attn, last))
+    # only the last token is patched: each prompt's prefix is cached once and every condition runs one token
+    batches = last_token_batches(model, data.tokens, data.targets.tolist(), batch_size)
     acc, prob = torch.zeros(len(masks)), torch.zeros(len(masks))
     for c, mask in enumerate(masks):
         m = mask.to(device=dev, dtype=dt)
-        for idx, tokens, attn, last in batches:
+        for batch in batches:
+            rows = torch.arange(len(batch.index), device=dev)
             hooks = [
-                (names[layer], partial(replace_hook, source=src[idx, layer], mask=m[layer], last=last))
+                (
+                    names[layer],
+                    partial(replace_hook, source=src[batch.index, layer], mask=m[layer], last=torch.zeros_like(rows)),
+                )
                 for layer in range(model.cfg.n_layers)
                 if bool(mask[layer].any())
             ]
-            logits = last_logits(model, tokens, last, hooks=hooks, attention_mask=attn).float()
-            tgt = data.targets[idx].to(dev)
-            acc[c] += float((logits.argmax(-1) == tgt).sum())
-            prob[c] += float(logits.softmax(-1)[torch.arange(len(idx), device=dev), tgt].sum())
+            logits = run_last_token(model, batch, hooks).float()
+            acc[c] += float((logits.argmax(-1) == batch.targets).sum())
+            prob[c] += float(logits.softmax(-1)[rows, batch.targets].sum())
     return acc / n, prob / n
 
 
@@ -188,13 +189,13 @@ def site_reference(
 ) -> tuple[float, float]:
     """(accuracy, mean answer probability) with full SITE injected (soft alpha)."""
     dev, dt = model.cfg.device, model.cfg.dtype
-    tokens, attn, last = pad_right(data.tokens, pad_id(model), dev)
-    hooks = injection_hooks(model, t.to(device=dev, dtype=dt), alpha.to(device=dev, dtype=dt), last)
-    logits = last_logits(model, tokens, last, hooks=hooks, attention_mask=attn).float()
-    tgt = data.targets.to(dev)
-    return float((logits.argmax(-1) == tgt).float().mean()), float(
-        logits.softmax(-1)[torch.arange(len(tgt)), tgt].mean()
-    )
+    hooks = injection_hooks(model, t.to(device=dev, dtype=dt), alpha.to(device=dev, dtype=dt), 0)
+    correct, total = 0.0, 0.0
+    for batch in last_token_batches(model, data.tokens, data.targets.tolist(), 64):
+        logits = run_last_token(model, batch, hooks).float()
+        correct += float((logits.argmax(-1) == batch.targets).sum())
+        total += float(logits.softmax(-1)[torch.arange(len(batch.index)), batch.targets].sum())
+    return correct / len(data.tokens), total / len(data.tokens)
 
 
 def normalised_recovery(value, low: float, high: float):
