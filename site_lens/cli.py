@@ -126,6 +126,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .tasks import check_enough
 
     check_enough(task.train, cfg.embedding.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)")
+    from .models import resolve_model_name
+
+    resolve_model_name(args.model)  # an unknown model fails before anything is written
     out = Path(args.out) if args.out else Path("runs") / args.model / task.name
     check_writable(out)
     t0 = time.perf_counter()

@@ -421,6 +421,21 @@ def _check_device(device: str) -> None:
         raise ModelError(f"device '{device}' is not available here ({torch.cuda.device_count()} CUDA devices)")
 
 
+def resolve_model_name(name: str) -> str:
+    """The embedded name itself, or TransformerLens's official name; ModelError if neither (cheap, no loading)."""
+    if name in EMBEDDED_MODELS:
+        return name
+    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
+
+    try:
+        return get_official_model_name(name)
+    except ValueError:
+        raise ModelError(
+            f"unknown model '{name}': use one of {sorted(EMBEDDED_MODELS)} (embedded, offline) "
+            f"or a TransformerLens model name ({len(OFFICIAL_MODEL_NAMES)} known, e.g. gpt2)"
+        ) from None
+
+
 def load_model(
     name: str = "smollm2-135m",
     *,
@@ -448,15 +463,7 @@ def load_model(
     _check_device(device)  # before minutes of loading, not after
     if name in EMBEDDED_MODELS:
         return _load_embedded(EMBEDDED_MODELS[name], device, dtype, Path(cache_dir) if cache_dir else None, use_cache)
-    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
-
-    try:
-        official = get_official_model_name(name)
-    except ValueError:
-        raise ModelError(
-            f"unknown model '{name}': use one of {sorted(EMBEDDED_MODELS)} (embedded, offline) "
-            f"or a TransformerLens model name ({len(OFFICIAL_MODEL_NAMES)} known, e.g. gpt2)"
-        ) from None
+    official = resolve_model_name(name)
     import warnings
 
     with warnings.catch_warnings():

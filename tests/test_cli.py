@@ -20,10 +20,12 @@ def _err(capsys):
         (["run", "--task", "antonym", "--steps", "-1"], "steps must be >= 0"),
     ],
 )
-def test_bad_input_is_one_line_error_exit_2(capsys, argv, message):
+def test_bad_input_is_one_line_error_exit_2(capsys, argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = _err(capsys)
     assert err.startswith("site-lens: error:") and message in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_bad_task_file(tmp_path, capsys):
