@@ -36,3 +36,21 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
     print("zero", zero["exact_match"], "site", site["exact_match"])
     assert site["exact_match"] >= zero["exact_match"] + 0.3
     assert history.loss[-1] < history.loss[0]
+
+
+def test_fast_path_equals_naive_on_embedded_model(smollm):
+    from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+
+    from site_lens import build_task_embedding
+
+    t = build_task_embedding(smollm, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
+    ex = make_examples(smollm, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])
+    tr = AlphaTrainer(smollm, t)
+    with torch.no_grad():
+        tr.gate.theta.normal_(generator=torch.Generator().manual_seed(0))
+    lf = tr.loss_fast(ex, _PrefixCache(smollm, ex), range(len(ex)))
+    (gf,) = torch.autograd.grad(lf, tr.gate.theta)
+    ln = tr.loss_naive(ex)
+    (gn,) = torch.autograd.grad(ln, tr.gate.theta)
+    assert abs(lf.item() - ln.item()) < 1e-5
+    assert torch.allclose(gf, gn, atol=1e-5)
