@@ -18,8 +18,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from .config import ConfigError

@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
+from typing_extensions import Self
+
 T = TypeVar("T", bound="_Config")
 
 
@@ -22,7 +24,7 @@ class _Config:
         return asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls: type[T], d: dict[str, Any]) -> T:
+    def from_dict(cls, d: dict[str, Any]) -> Self:
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(d) - known)
         if unknown:

@@ -9,8 +9,8 @@ attention, pads after the last real token cannot change it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import torch
 from jaxtyping import Float, Int

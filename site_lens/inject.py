@@ -12,8 +12,8 @@ the generated tokens reuse the cached keys and values and are never injected.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Callable, Sequence
 
 import torch
 from jaxtyping import Float, Int

@@ -9,7 +9,7 @@ Strict match requires equality.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from jaxtyping import Float, Int

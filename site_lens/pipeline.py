@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from transformer_lens import HookedTransformer
 
-from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from .config import EmbeddingConfig, EvalConfig, SiteConfig
 from .embeddings import build_task_embedding
 from .inject import answer_ids, encode, generate_greedy, injection_hooks
 from .io import Adapter

@@ -19,8 +19,8 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 Pair = tuple[str, str]
 SPLITS = ("train", "valid", "test")

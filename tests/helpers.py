@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character (printable ASCII + a pad), built offline."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     chars = ["<pad>"] + list(string.printable)
     vocab = {c: i for i, c in enumerate(chars)}

@@ -39,9 +39,8 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
 
 
 def test_fast_path_equals_naive_on_embedded_model(smollm):
-    from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
-
     from site_lens import build_task_embedding
+    from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
 
     t = build_task_embedding(smollm, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
     ex = make_examples(smollm, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])

@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from site_lens.inject import PromptTooLongError, generate_greedy
 from site_lens.models import ModelError, build_cfg, load_model, model_identity
