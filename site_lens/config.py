@@ -10,8 +10,6 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
-from typing_extensions import Self
-
 T = TypeVar("T", bound="_Config")
 
 
@@ -24,7 +22,7 @@ class _Config:
         return asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Self:
+    def from_dict(cls: type[T], d: dict[str, Any]) -> T:  # noqa: PYI019 (beartype rejects Self here)
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(d) - known)
         if unknown:
