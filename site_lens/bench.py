@@ -337,19 +337,9 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
+    from .io import write_text_atomic
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
 
 
 def write_summary(out: Path, sources: Sequence[Path] | None = None) -> list[dict[str, Any]]:

@@ -34,18 +34,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temp file in the same folder, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically (temp file + fsync + rename): never half-written."""
+    from .io import write_text_atomic
+
+    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 def check_writable(out: Path) -> None:

@@ -28,6 +28,22 @@ FORMAT = "site-lens-adapter/1"
 MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing", "source_sha256")
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temp file beside ``path``, fsync, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class AdapterError(ValueError):
     """An adapter folder is missing, corrupt, or made for another model."""
 
