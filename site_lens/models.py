@@ -108,20 +108,27 @@ def _sha256(paths: list[Path]) -> str:
 # ---------------------------------------------------------------- HF -> TL config
 
 
-def _llama_cfg(c: Any) -> dict[str, Any]:
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    rope = getattr(c, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-    kv = c.num_key_value_heads
+def _shape_cfg(c: Any, head_dim: int) -> dict[str, Any]:
+    """The size fields every decoder config maps the same way."""
     return dict(
         d_model=c.hidden_size,
         d_head=head_dim,
         n_heads=c.num_attention_heads,
         d_mlp=c.intermediate_size,
         n_layers=c.num_hidden_layers,
-        n_ctx=min(int(c.max_position_embeddings), 8192),
+        n_ctx=min(int(c.max_position_embeddings), 8192),  # a safe default; both models support more
         eps=float(c.rms_norm_eps),
         d_vocab=c.vocab_size,
+    )
+
+
+def _llama_cfg(c: Any) -> dict[str, Any]:
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rope = getattr(c, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    kv = c.num_key_value_heads
+    return dict(
+        **_shape_cfg(c, head_dim),
         act_fn=c.hidden_act,
         n_key_value_heads=kv if kv != c.num_attention_heads else None,
         normalization_type="RMS",
@@ -144,14 +151,7 @@ def _gemma3_cfg(c: Any) -> dict[str, Any]:
     types = list(getattr(c, "layer_types", None) or [])
     attn_types = ["global" if t == "full_attention" else "local" for t in types]
     return dict(
-        d_model=c.hidden_size,
-        d_head=c.head_dim,
-        n_heads=c.num_attention_heads,
-        d_mlp=c.intermediate_size,
-        n_layers=c.num_hidden_layers,
-        n_ctx=min(int(c.max_position_embeddings), 8192),
-        eps=float(c.rms_norm_eps),
-        d_vocab=c.vocab_size,
+        **_shape_cfg(c, c.head_dim),
         act_fn=getattr(c, "hidden_activation", None) or "gelu_pytorch_tanh",
         initializer_range=0.02,
         normalization_type="RMS",
