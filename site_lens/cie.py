@@ -9,8 +9,10 @@ and measure how much the probability of the correct answer's first token rises:
     CIE(l, h) = mean over prompts of  P(y | z[l, h] <- t[l, h]) - P(y | corrupted)
 
 Only the last token changes, so each prompt's earlier keys and values are
-computed once (a frozen TransformerLens KV cache per batch) and every head's
-patched run is a one-token forward pass against them.
+computed once and every head's patched run is a one-token forward pass against
+them: for Llama-style models all heads of a prompt in one batched run of
+``lasttoken.LastToken`` (the gate with a one-hot alpha per row), otherwise one
+hooked run per head against a frozen TransformerLens KV cache.
 
     cie = causal_indirect_effect(model, task, adapter.t)       # (layer, head)
     stats = alpha_cie_correlation(adapter.alpha, cie)           # pearson, spearman
@@ -31,6 +33,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from .inject import answer_ids, check_context, encode, gate_hook, last_logits, pad_id, pad_right, z_names
+from .lasttoken import LastToken, unsupported
 from .tasks import Pair, Task, build_prompt, check_enough
 
 log = logging.getLogger(__name__)
@@ -140,8 +143,21 @@ def causal_indirect_effect(
         patched to t) - P(answer's first token | corrupted prompt), on CPU, float32.
     """
     tokens, targets = _prompts_and_targets(model, task_or_prompts, n_prompts, n_shots, seed)
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
+    if any(len(x) < 2 for x in tokens):
+        raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
+    check_context(model, [len(x) for x in tokens])
+    if unsupported(model) is None:
+        cie = _cie_packed(model, tokens, targets, t)
+    else:
+        cie = _cie_hooked(model, tokens, targets, t, batch_size)
+    log.info("CIE over %d prompts and %d heads", len(tokens), cie.numel())
+    return cie
+
+
+def _cie_hooked(model, tokens, targets, t, batch_size: int) -> Tensor:
+    """CIE through the hooked model: one patched one-token run per (batch of prompts, head)."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     names = z_names(model)
     total = torch.zeros(n_layers, n_heads)
     for batch in last_token_batches(model, tokens, targets, batch_size):
@@ -154,8 +170,27 @@ def causal_indirect_effect(
                 hook = (names[layer], partial(gate_hook, t=t[layer], alpha=onehot, pos=0))
                 p = run_last_token(model, batch, [hook]).float().softmax(-1)[rows, batch.targets]
                 total[layer, head] += float((p - base).sum())
-    log.info("CIE over %d prompts and %d heads", len(tokens), n_layers * n_heads)
     return total / len(tokens)
+
+
+def _cie_packed(model, tokens, targets, t, rows_per_call: int = 136) -> Tensor:
+    """The same CIE from packed weights: per prompt, one prefix and one batched run over every head's patch."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    runner = LastToken(model)
+    n = n_layers * n_heads
+    gates = torch.cat([torch.zeros(1, n), torch.eye(n)]).view(1 + n, n_layers, n_heads)  # row 0: unpatched
+    gates = gates.to(device=t.device, dtype=t.dtype)
+    total = torch.zeros(n)
+    for toks, y in zip(tokens, targets):
+        prefix = runner.prefix(torch.tensor([toks[:-1]], device=t.device))
+        p = torch.cat(
+            [
+                runner.logits(torch.full((len(g),), toks[-1], device=t.device), prefix, g, t).float().softmax(-1)[:, y]
+                for g in gates.split(rows_per_call)
+            ]
+        )  # (1 + heads,)
+        total += (p[1:] - p[0]).cpu()
+    return (total / len(tokens)).view(n_layers, n_heads)
 
 
 def alpha_cie_correlation(

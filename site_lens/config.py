@@ -56,6 +56,7 @@ class SelectionConfig(_Config):
     max_valid: int = 100  # valid items used for model selection
     keep_best: bool = True  # restore the theta with the lowest valid loss
     fast: bool = True  # prefix KV cache: run only the last prompt token per step
+    fused: bool = True  # fast path from packed weights (lasttoken.py) where the model allows; else hooked
 
     def __post_init__(self) -> None:
         if self.steps < 0:

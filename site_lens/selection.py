@@ -9,8 +9,10 @@ with Adam on the cross-entropy of the answer's first token, validating every
 Fast path (default): the injection only changes the last prompt token, so every
 earlier position's keys and values do not depend on alpha. They are computed
 once per prompt (TransformerLens's KV cache, frozen), and each step runs only
-the last token against them. The naive path (``fast=False``) runs whole
-prompts; tests check the two agree.
+the last token against them: from packed weights (``lasttoken.LastToken``) for
+Llama-style models, through the hooked model with a frozen cache otherwise.
+The naive path (``fast=False``) runs whole prompts through the hooked model;
+tests check all three agree.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from .config import SelectionConfig
 from .inject import Hooks, injection_hooks, last_logits, pad_id, pad_right
+from .lasttoken import LastToken, Prefix, unsupported
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +77,39 @@ class TrainHistory:
 
 
 class _PrefixCache:
-    """Frozen keys/values of every prompt's tokens except the last, grouped by length."""
+    """Frozen keys/values of every prompt's tokens except the last, grouped by length.
 
-    def __init__(self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 32):
+    With a ``runner`` (``LastToken``) the groups hold its ``Prefix`` (rotated keys,
+    attention layout); without, TransformerLens cache tensors for the hooked model.
+    """
+
+    def __init__(
+        self,
+        model: HookedTransformer,
+        examples: Sequence[Example],
+        batch_size: int = 32,
+        runner: LastToken | None = None,
+    ):
         self.model = model
+        self.runner = runner
         self.where: dict[int, tuple[int, int]] = {}  # example index -> (prefix length, row in group)
         self.groups: dict[int, list[tuple[Tensor, Tensor]]] = {}  # length -> per layer (keys, values)
+        self.prefixes: dict[int, Prefix] = {}  # length -> runner's prefix of the group
         by_len: dict[int, list[int]] = {}
         for i, ex in enumerate(examples):
             by_len.setdefault(len(ex.tokens) - 1, []).append(i)
         device = model.cfg.device
         for length, idx in by_len.items():
+            for row, i in enumerate(idx):
+                self.where[i] = (length, row)
+            if runner is not None:
+                self.prefixes[length] = Prefix.cat(
+                    [
+                        runner.prefix(torch.tensor([examples[i].tokens[:-1] for i in idx[s : s + batch_size]], device=device))
+                        for s in range(0, len(idx), batch_size)
+                    ]
+                )
+                continue
             parts: list[list[tuple[Tensor, Tensor]]] = []
             for s in range(0, len(idx), batch_size):
                 chunk = idx[s : s + batch_size]
@@ -97,17 +122,18 @@ class _PrefixCache:
                 (torch.cat([p[layer][0] for p in parts]), torch.cat([p[layer][1] for p in parts]))
                 for layer in range(model.cfg.n_layers)
             ]
-            for row, i in enumerate(idx):
-                self.where[i] = (length, row)
 
-    def batch(self, indices: Sequence[int]) -> list[tuple[int, list[int], TransformerLensKeyValueCache]]:
-        """Split ``indices`` by prefix length: (length, indices, frozen cache of their prefixes)."""
+    def batch(self, indices: Sequence[int]) -> list[tuple[int, list[int], TransformerLensKeyValueCache | Prefix]]:
+        """Split ``indices`` by prefix length: (length, indices, frozen cache or Prefix of their prefixes)."""
         by_len: dict[int, list[int]] = {}
         for i in indices:
             by_len.setdefault(self.where[i][0], []).append(i)
-        out = []
+        out: list[tuple[int, list[int], TransformerLensKeyValueCache | Prefix]] = []
         for length, idx in by_len.items():
             rows = torch.tensor([self.where[i][1] for i in idx], device=self.model.cfg.device)
+            if self.runner is not None:
+                out.append((length, idx, self.prefixes[length].select(rows)))
+                continue
             cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, len(idx))
             for entry, (k, v) in zip(cache.entries, self.groups[length]):
                 entry.past_keys = k.index_select(0, rows)
@@ -116,6 +142,46 @@ class _PrefixCache:
             cache.freeze()
             out.append((length, idx, cache))
         return out
+
+
+def gated_prefix_loss(
+    model: HookedTransformer,
+    examples: Sequence[Example],
+    cache: _PrefixCache,
+    indices: Sequence[int],
+    alpha: Float[Tensor, "layer head_index"],
+    t: Float[Tensor, "layer head_index d_head"],
+) -> Tensor:
+    """Mean first-token CE of ``examples[indices]`` with z gated toward t at the last token, against cached prefixes."""
+    total = torch.zeros((), device=model.cfg.device)
+    device = model.cfg.device
+    for _, idx, kv in cache.batch(indices):
+        last_tok = torch.tensor([[examples[i].tokens[-1]] for i in idx], device=device)
+        if isinstance(kv, Prefix):
+            assert cache.runner is not None
+            logits = cache.runner.logits(last_tok[:, 0], kv, alpha, t)
+        else:
+            zero = torch.zeros(len(idx), dtype=torch.long, device=device)
+            logits = last_logits(
+                model,
+                last_tok,
+                zero,
+                hooks=injection_hooks(model, t, alpha, 0),
+                attention_mask=torch.ones_like(last_tok),
+                past_kv_cache=kv,
+            )
+        target = torch.tensor([examples[i].target for i in idx], device=device)
+        total = total + F.cross_entropy(logits.float(), target, reduction="sum")
+    return total / len(indices)
+
+
+def packed_runner(model: HookedTransformer) -> LastToken | None:
+    """A ``LastToken`` for the model, or None (logged) when it needs the hooked path."""
+    why = unsupported(model)
+    if why is not None:
+        log.info("last-token fast path through the hooked model (packed path unavailable: %s)", why)
+        return None
+    return LastToken(model)
 
 
 class AlphaTrainer:
@@ -148,22 +214,13 @@ class AlphaTrainer:
 
     def loss_fast(self, examples: Sequence[Example], cache: _PrefixCache, indices: Sequence[int]) -> Tensor:
         """The same loss, running only the last prompt token against cached prefixes."""
-        total = torch.zeros((), device=self.model.cfg.device)
-        device = self.model.cfg.device
-        for _, idx, kv in cache.batch(indices):
-            last_tok = torch.tensor([[examples[i].tokens[-1]] for i in idx], device=device)
-            zero = torch.zeros(len(idx), dtype=torch.long, device=device)
-            logits = last_logits(
-                self.model,
-                last_tok,
-                zero,
-                hooks=self.gate.hooks(self.model, self.t, 0),
-                attention_mask=torch.ones_like(last_tok),
-                past_kv_cache=kv,
-            )
-            target = torch.tensor([examples[i].target for i in idx], device=device)
-            total = total + F.cross_entropy(logits.float(), target, reduction="sum")
-        return total / len(indices)
+        return gated_prefix_loss(self.model, examples, cache, indices, self.gate.alpha(), self.t)
+
+    def runner(self) -> LastToken | None:
+        """The packed-weight last-token runner, when the config asks for it and the model allows."""
+        if not (self.cfg.fast and self.cfg.fused):
+            return None
+        return packed_runner(self.model)
 
     # ------------------------------------------------------------ training
 
@@ -198,10 +255,11 @@ class AlphaTrainer:
         plan = self.schedule(len(train))
         used = sorted({i for b in plan for i in b})
         fast = cfg.fast
-        tr_cache = _PrefixCache(self.model, [train[i] for i in used]) if fast and used else None
+        runner = self.runner() if fast else None
+        tr_cache = _PrefixCache(self.model, [train[i] for i in used], runner=runner) if fast and used else None
         remap = {i: j for j, i in enumerate(used)}
         used_examples = [train[i] for i in used]
-        va_cache = _PrefixCache(self.model, valid) if fast and valid and cfg.eval_every else None
+        va_cache = _PrefixCache(self.model, valid, runner=runner) if fast and valid and cfg.eval_every else None
         opt = torch.optim.Adam(self.gate.parameters(), lr=cfg.lr)
         best = (math.inf, None, None)  # (valid loss, step, theta)
         last_good = self.gate.theta.detach().clone()

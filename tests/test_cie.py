@@ -50,3 +50,26 @@ def test_cie_nonzero_for_other_embedding(model):
     assert cie.abs().max() > 0
     stats = alpha_cie_correlation(torch.rand(model.cfg.n_layers, model.cfg.n_heads), cie)
     assert set(stats) == {"pearson", "spearman", "n_heads"} and -1 <= stats["spearman"] <= 1
+
+
+def test_packed_cie_equals_hooked_cie(model):
+    from site_lens.cie import _cie_hooked, _cie_packed, _prompts_and_targets
+
+    task = load_task("antonym")
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
+    tokens, targets = _prompts_and_targets(model, task, 4, 2, 0)
+    with torch.inference_mode():
+        hooked = _cie_hooked(model, tokens, targets, t, batch_size=3)
+        packed = _cie_packed(model, tokens, targets, t, rows_per_call=3)  # several calls per prompt
+    assert torch.allclose(hooked, packed, atol=1e-6), (hooked - packed).abs().max()
+    assert hooked.abs().max() > 1e-4
+
+
+def test_cie_falls_back_to_hooks_on_unsupported_models():
+    from helpers import tiny
+
+    ln = tiny(normalization_type="LN", final_rms=False)
+    task = load_task("antonym")
+    t = torch.randn(ln.cfg.n_layers, ln.cfg.n_heads, ln.cfg.d_head) * 3
+    cie = causal_indirect_effect(ln, task, t, n_prompts=2, n_shots=2)
+    assert cie.shape == (ln.cfg.n_layers, ln.cfg.n_heads) and cie.abs().max() > 0

@@ -1,0 +1,211 @@
+"""Stage-2 fast path: the last prompt token through a Llama-style model, against frozen prefix keys/values.
+
+SITE's training loss needs one thing per prompt: the logits at the last prompt
+token, with every layer's ``hook_z`` gated there. Every earlier position is
+independent of alpha, so its keys and values are computed once (by the hooked
+model, with TransformerLens's KV cache) and kept, already rotated, in the
+layout attention wants. ``LastToken.logits`` then runs the one remaining token
+straight from the model's weights:
+
+    resid = W_E[tok]
+    per layer:  q, k, v = rms(resid) @ W_QKV          (one gemv, rotary at position P)
+                z       = softmax(q . [K_prefix; k] / scale) @ [V_prefix; v]
+                z       = (1 - alpha) * z + alpha * t  (the gate of ``inject.gate_hook``)
+                resid  += z @ W_O
+                resid  += (act(rms(resid) @ W_gate) * (rms(resid) @ W_in)) @ W_out
+    logits = rms(resid) @ W_U
+
+It is the hooked model's computation with ``injection_hooks`` at the last
+token, without hooks, TransformerLens's per-call reshapes and weight copies,
+or re-rotating the whole cache each call. Weights are packed once per
+``LastToken`` input-major ((d_in, d_out), contiguous; Q/K/V and gate/up
+concatenated), the layout in which one-row matmuls run fastest on CPU.
+Tests hold it to the hooked model to 1e-5 (tests/test_lasttoken.py).
+
+``unsupported(model)`` names what this path does not cover (LayerNorm,
+absolute positions, Gemma's extra norms, soft caps, local attention, hooks
+left on the model); the trainer then uses the hooked model with a frozen KV
+cache instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+
+def unsupported(model: HookedTransformer) -> str | None:
+    """Why ``LastToken`` cannot run this model (None when it can)."""
+    c = model.cfg
+    checks = [
+        (c.normalization_type != "RMS" or not c.final_rms, "normalization is not RMSNorm"),
+        (c.positional_embedding_type != "rotary", "positions are not rotary"),
+        (not c.gated_mlp or c.attn_only, "the MLP is not gated"),
+        (c.parallel_attn_mlp, "attention and MLP run in parallel"),
+        (getattr(c, "use_normalization_before_and_after", False), "extra post-sublayer norms"),
+        (getattr(c, "post_embedding_ln", False), "a norm after the embedding"),
+        ((getattr(c, "attn_scores_soft_cap", -1.0) or -1.0) > 0, "attention soft cap"),
+        ((getattr(c, "output_logits_soft_cap", -1.0) or -1.0) > 0, "logit soft cap"),
+        (getattr(c, "use_qk_norm", False) or getattr(c, "clip_qkv", None) is not None, "Q/K norm or clipping"),
+        (getattr(c, "use_dynamic_ntk_rope", False) or getattr(c, "use_logn_attn", False), "dynamic rotary scaling"),
+        (any(a != "global" for a in (c.attn_types or [])), "local attention layers"),
+        (c.attention_dir != "causal", "attention is not causal"),
+        (c.n_devices != 1, "the model is split over devices"),
+        (c.dtype not in (torch.float32, torch.float64), "dtype is not float32/float64"),
+        (any(getattr(b.attn, "q_norm", None) is not None for b in model.blocks), "Q/K norm"),
+        (
+            any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values()),
+            "hooks are attached to the model",
+        ),
+    ]
+    return next((why for bad, why in checks if bad), None)
+
+
+@dataclass
+class Prefix:
+    """Frozen keys (rotated) and values of a batch of prompt prefixes, one pair per layer."""
+
+    keys: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
+    values: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2]
+
+    def select(self, rows: Int[Tensor, " rows"]) -> Prefix:
+        return Prefix([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
+
+    @staticmethod
+    def cat(parts: list[Prefix]) -> Prefix:
+        n = len(parts[0].keys)
+        return Prefix(
+            [torch.cat([p.keys[i] for p in parts]) for i in range(n)],
+            [torch.cat([p.values[i] for p in parts]) for i in range(n)],
+        )
+
+
+class LastToken:
+    """One-token forward of a supported model, with SITE's gate at that token (see module docstring)."""
+
+    def __init__(self, model: HookedTransformer):
+        why = unsupported(model)
+        if why is not None:
+            raise ValueError(f"LastToken cannot run this model: {why}")
+        self.model = model
+        c = model.cfg
+        self.n_heads, self.d_head, self.d_mlp = c.n_heads, c.d_head, c.d_mlp
+        self.n_kv = c.n_key_value_heads or c.n_heads
+        self.rotary_dim = c.rotary_dim or c.d_head
+        self.layers = [self._pack(b) for b in model.blocks]
+        self.w_final = model.ln_final.w
+        self.eps_final = model.ln_final.eps
+        self.unembed = model.unembed.W_U.T.contiguous()  # (d_vocab, d_model); a view when fast_layout ran
+        self.b_U = model.unembed.b_U
+
+    def _pack(self, block) -> dict:
+        a, mlp = block.attn, block.mlp
+
+        def heads_in(w):  # (head, d_model, d_head) -> (d_model, head * d_head)
+            return w.permute(1, 0, 2).reshape(w.shape[1], -1)
+
+        w_k = a._W_K if hasattr(a, "_W_K") else a.W_K
+        w_v = a._W_V if hasattr(a, "_W_V") else a.W_V
+        b_k = a._b_K if hasattr(a, "_b_K") else a.b_K
+        b_v = a._b_V if hasattr(a, "_b_V") else a.b_V
+        return dict(
+            ln1=block.ln1.w,
+            eps1=block.ln1.eps,
+            w_qkv=torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1).contiguous(),  # (d_model, (h + 2 kv) d_head)
+            b_qkv=torch.cat([a.b_Q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)]),
+            w_o=a.W_O.reshape(-1, a.W_O.shape[-1]).contiguous(),  # (head d_head, d_model)
+            b_o=a.b_O,
+            scale=float(a.attn_scale),
+            cos=a.rotary_cos,
+            sin=a.rotary_sin,
+            ln2=block.ln2.w,
+            eps2=block.ln2.eps,
+            w_gate_in=torch.cat([mlp.W_gate, mlp.W_in], 1).contiguous(),  # (d_model, 2 d_mlp)
+            b_in=mlp.b_in,
+            w_out=mlp.W_out.contiguous(),  # (d_mlp, d_model)
+            b_out=mlp.b_out,
+            act=mlp.act_fn,
+        )
+
+    # ------------------------------------------------------------ prefix
+
+    @torch.no_grad()
+    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
+        """Run prompt prefixes through the hooked model once; keep their keys (rotated) and values."""
+        model = self.model
+        cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
+        model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
+        keys, values = [], []
+        for layer, entry in zip(self.layers, cache.entries):
+            k = entry.past_keys.transpose(1, 2)  # (batch, kv_head, pos, d_head)
+            n = k.shape[2]
+            keys.append(self._rotate(k, layer["cos"][:n], layer["sin"][:n]).contiguous())
+            values.append(entry.past_values.transpose(1, 2).contiguous())
+        return Prefix(keys, values)
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotary embedding on the last dim (cos/sin broadcast over it), as TransformerLens's apply_rotary."""
+        r = self.rotary_dim
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        if self.model.cfg.rotary_adjacent_pairs:
+            flip = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), -1).flatten(-2)
+        else:
+            flip = torch.cat((-x_rot[..., r // 2 :], x_rot[..., : r // 2]), -1)
+        return torch.cat((x_rot * cos + flip * sin, x_pass), -1)
+
+    # ------------------------------------------------------------ the token
+
+    def logits(
+        self,
+        tokens: Int[Tensor, " batch"],
+        prefix: Prefix,
+        alpha: Float[Tensor, "*rows layer head_index"],
+        t: Float[Tensor, "layer head_index d_head"],
+    ) -> Float[Tensor, "batch d_vocab"]:
+        """Logits of the token after each row's prefix, with every head's z gated toward t.
+
+        ``alpha`` is one gate for all rows, (layer, head), or one per row, (batch, layer, head).
+        A prefix of one row serves every row (e.g. one prompt under many gates).
+        """
+        H, KV, D = self.n_heads, self.n_kv, self.d_head
+        B, P = tokens.shape[0], prefix.length
+        group = H // KV
+        if alpha.dim() == 3 and alpha.shape[0] != B:
+            raise ValueError(f"alpha has {alpha.shape[0]} rows for {B} tokens")
+        if prefix.keys[0].shape[0] not in (1, B):
+            raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} tokens")
+        resid = self.model.W_E[tokens]  # (batch, d_model)
+        for i, w in enumerate(self.layers):
+            x = _rms(resid, w["ln1"], w["eps1"])
+            qkv = x @ w["w_qkv"] + w["b_qkv"]  # (batch, (h + 2 kv) d_head)
+            cos, sin = w["cos"][P], w["sin"][P]  # rotary at position P
+            q = self._rotate(qkv[:, : H * D].view(B, KV, group, D), cos, sin)  # (batch, kv, group, d_head)
+            k = self._rotate(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), cos, sin)  # (batch, kv, 1, d_head)
+            v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
+            scores = torch.cat(
+                (q @ prefix.keys[i].transpose(-1, -2), (q * k).sum(-1, keepdim=True)), -1
+            )  # (batch, kv, group, P + 1): the prefix, then the token itself
+            pattern = (scores / w["scale"]).softmax(-1)
+            z = pattern[..., :P] @ prefix.values[i] + pattern[..., P:] * v  # (batch, kv, group, d_head)
+            z = z.reshape(B, H, D)
+            a = alpha[..., i, :, None]  # (head, 1) or (batch, head, 1)
+            z = (1 - a) * z + a * t[i]  # SITE's gate, as inject.gate_hook
+            resid = resid + (z.reshape(B, H * D) @ w["w_o"] + w["b_o"])
+            x = _rms(resid, w["ln2"], w["eps2"])
+            gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
+            resid = resid + ((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"])
+        x = _rms(resid, self.w_final, self.eps_final)
+        return torch.nn.functional.linear(x, self.unembed, self.b_U)
+
+
+def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w

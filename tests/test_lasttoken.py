@@ -1,0 +1,141 @@
+"""The packed last-token path equals the hooked model, and the trainer falls back where it cannot run."""
+
+import pytest
+import torch
+
+from site_lens.config import SelectionConfig
+from site_lens.inject import injection_hooks, last_logits
+from site_lens.lasttoken import LastToken, unsupported
+from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+
+WORDS = ["cat", "dog", "sun", "moon", "tree", "elephant", "ox", "rock"]
+
+
+def _tiny(**overrides):
+    from helpers import tiny
+
+    torch.manual_seed(0)
+    return tiny(**overrides)
+
+
+def _randomise_biases(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.split(".")[-1].startswith(("b_", "_b_")):
+                p.normal_(std=0.5)
+
+
+def _examples(model):
+    return make_examples(model, [(f"Q: {w}\nA:", w[::-1]) for w in WORDS])
+
+
+VARIANTS = {
+    "gqa": {},
+    "mha": dict(n_key_value_heads=None),
+    "partial-rotary": dict(rotary_dim=4),
+    "adjacent-rotary": dict(rotary_adjacent_pairs=True),
+    "gelu": dict(act_fn="gelu_new"),
+    "biases": dict(),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_equal_hooked_model_with_gate(variant):
+    model = _tiny(**VARIANTS[variant])
+    if variant == "biases":
+        _randomise_biases(model)
+    assert unsupported(model) is None
+    runner = LastToken(model)
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    alpha = torch.rand(c.n_layers, c.n_heads)
+    tokens = torch.tensor([[5, 9, 17, 3, 22, 40, 7], [8, 8, 1, 30, 2, 11, 19]])
+    prefix = runner.prefix(tokens[:, :-1])
+    got = runner.logits(tokens[:, -1], prefix, alpha, t)
+    last = torch.full((2,), tokens.shape[1] - 1)
+    want = last_logits(model, tokens, last, hooks=injection_hooks(model, t, alpha, last))
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    # and it is the gate that moves them: alpha = 0 gives the plain model
+    plain = model(tokens)[:, -1]
+    assert torch.allclose(runner.logits(tokens[:, -1], prefix, torch.zeros_like(alpha), t), plain, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)
+
+
+def test_packed_fast_loss_and_grad_equal_naive(model):
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    ex = _examples(model)
+    tr = AlphaTrainer(model, t)
+    with torch.no_grad():
+        tr.gate.theta.normal_()
+    runner = tr.runner()
+    assert isinstance(runner, LastToken)
+    cache = _PrefixCache(model, ex, batch_size=3, runner=runner)  # several chunks per length group
+    idx = [5, 0, 6, 2, 1]  # mixed prefix lengths, out of order
+    lf = tr.loss_fast(ex, cache, idx)
+    (gf,) = torch.autograd.grad(lf, tr.gate.theta)
+    ln = tr.loss_naive([ex[i] for i in idx])
+    (gn,) = torch.autograd.grad(ln, tr.gate.theta)
+    assert abs(lf.item() - ln.item()) < 1e-5
+    assert torch.allclose(gf, gn, atol=1e-5)
+    assert gf.abs().sum() > 0
+
+
+def test_fit_packed_equals_fit_hooked(model):
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    ex = _examples(model)
+    thetas = []
+    for fused in (True, False):
+        cfg = SelectionConfig(steps=12, eval_every=4, fused=fused)
+        gate = AlphaTrainer(model, t, cfg, seed=1).fit(ex[:6], ex[6:])
+        thetas.append(gate.theta.detach().clone())
+    assert torch.allclose(thetas[0], thetas[1], atol=1e-4)
+    assert thetas[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        (dict(normalization_type="LN", final_rms=False), "normalization"),
+        (dict(positional_embedding_type="standard", rotary_dim=None), "rotary"),
+        (dict(gated_mlp=False), "gated"),
+        (dict(output_logits_soft_cap=30.0), "soft cap"),
+    ],
+)
+def test_unsupported_configs_are_named_and_fall_back(overrides, reason):
+    model = _tiny(**overrides)
+    why = unsupported(model)
+    assert why is not None and reason in why
+    with pytest.raises(ValueError, match=reason):
+        LastToken(model)
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    tr = AlphaTrainer(model, t)
+    assert tr.runner() is None  # the trainer uses the hooked model instead
+    ex = _examples(model)
+    lf = tr.loss_fast(ex, _PrefixCache(model, ex), range(len(ex)))
+    assert abs(lf.item() - tr.loss_naive(ex).item()) < 1e-5
+
+
+def test_hooks_left_on_the_model_disable_the_packed_path(model):
+    model.blocks[0].attn.hook_z.add_hook(lambda act, hook: act * 2)
+    try:
+        assert "hooks" in unsupported(model)
+    finally:
+        model.reset_hooks()
+    assert unsupported(model) is None
+
+
+def test_one_prefix_many_gates_equals_row_by_row(model):
+    runner = LastToken(model)
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    tokens = torch.tensor([5, 9, 17, 3, 22, 40, 7])
+    prefix = runner.prefix(tokens[None, :-1])  # one row
+    alphas = torch.rand(4, c.n_layers, c.n_heads)
+    got = runner.logits(tokens[-1:].expand(4), prefix, alphas, t)
+    for r in range(4):
+        want = runner.logits(tokens[-1:], prefix, alphas[r], t)
+        assert torch.allclose(got[r], want[0], atol=1e-5)
+    assert not torch.allclose(got[0], got[1], atol=1e-3)
+    with pytest.raises(ValueError, match="rows"):
+        runner.logits(tokens[-1:].expand(3), prefix, alphas, t)
