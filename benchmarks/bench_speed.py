@@ -1,12 +1,14 @@
 """Speed and memory benchmark for smollm2-135m on this machine (issue 5).
 
 Measures side by side, in one run:
-  1. alpha-training step, batch 1: naive (whole prompt) vs fast (cached prefix), interleaved
+  1. alpha-training step, batch 1, interleaved: naive (whole prompt, hooked), fast through the
+     hooked model (frozen TransformerLens KV cache), fast from packed weights (lasttoken.py, the default)
   2. Stage 1 for M = 50, N = 10
   3. per-query latency (batch 1; up to 20 new tokens stopping at the newline, and exactly 20): zero-shot, SITE, ICL
   4. model load (cold: fresh cache dir; cached), adapter size; peak RSS of a full `site-lens run`
   5. achieved FLOP/s and bytes/s of the fast step against this machine's measured
      matmul throughput and gemv (memory) bandwidth
+  6. FV's causal indirect effect (all 270 heads, 5 shuffled prompts): hooked vs packed
 
 Usage: .venv/bin/python benchmarks/bench_speed.py [--data ../shared/datasets/fv] [--task antonym]
            [--reps 30] [--full-run] [--out benchmarks/results/speed.json]
@@ -30,7 +32,9 @@ from pathlib import Path
 import torch
 
 import site_lens as sl
+from site_lens.cie import _cie_hooked, _cie_packed, _prompts_and_targets
 from site_lens.inject import encode, generate_greedy, injection_hooks
+from site_lens.lasttoken import LastToken
 from site_lens.pipeline import embedding_prompts
 from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
@@ -58,7 +62,17 @@ def machine_limits(reps: int = 10) -> dict:
     torch.nn.functional.linear(x, W)
     ts = [timed(lambda: torch.nn.functional.linear(x, W))[0] for _ in range(reps)]
     gemv_bw = W.numel() * 4 / med(ts)
-    return {"sgemm_flops": gemm, "gemv_bytes_per_s": gemv_bw, "threads": torch.get_num_threads()}
+    Wt, xt = W.view(4096, 16384), torch.randn(1, 4096)  # input-major (d_in, d_out), as lasttoken packs
+    ts = [timed(lambda: xt @ Wt)[0] for _ in range(reps)]
+    big = torch.randn(64_000_000)
+    ts_sum = [timed(lambda: big.sum())[0] for _ in range(reps)]
+    return {
+        "sgemm_flops": gemm,
+        "gemv_bytes_per_s": gemv_bw,
+        "gemv_input_major_bytes_per_s": W.numel() * 4 / med(ts),
+        "stream_sum_bytes_per_s": big.numel() * 4 / med(ts_sum),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def step_flops_bytes(model) -> tuple[float, float]:
@@ -102,35 +116,58 @@ def main() -> None:
     t = sl.build_task_embedding(model, prompts)
     res["stage1"] = {"M": 50, "N": 10, "tokens": n_tok, "seconds_median": med(s1), "tokens_per_s": n_tok / med(s1)}
 
-    # 1. training step: naive vs fast, batch 1, interleaved
+    # 1. training step, batch 1, interleaved: naive, fast (hooked), fast (packed)
     ex = make_examples(model, zero_shot_prompts(task.train[: args.reps + 5]))
     tr = AlphaTrainer(model, t)
-    cache = _PrefixCache(model, ex)
+    caches = {"hooked": _PrefixCache(model, ex), "packed": _PrefixCache(model, ex, runner=LastToken(model))}
     opt = torch.optim.Adam(tr.gate.parameters(), lr=0.2)
 
-    def step(i, fast):
+    def step(i, how):
         opt.zero_grad(set_to_none=True)
-        loss = tr.loss_fast(ex, cache, [i]) if fast else tr.loss_naive([ex[i]])
+        loss = tr.loss_naive([ex[i]]) if how == "naive" else tr.loss_fast(ex, caches[how], [i])
         loss.backward()
         opt.step()
 
+    hows = ("naive", "hooked", "packed")
     for i in range(3):
-        step(i, True), step(i, False)
-    naive, fast = [], []
+        for how in hows:
+            step(i, how)
+    times: dict[str, list[float]] = {h: [] for h in hows}
     for i in range(args.reps):
-        fast.append(timed(lambda: step(i, True))[0])
-        naive.append(timed(lambda: step(i, False))[0])
+        for how in hows:
+            times[how].append(timed(lambda: step(i, how))[0])
     flops, nbytes = step_flops_bytes(model)
-    fm = med(fast)
+    fm = med(times["packed"])
     res["train_step_ms"] = {
-        "naive_median": 1e3 * med(naive),
+        "naive_median": 1e3 * med(times["naive"]),
+        "fast_hooked_median": 1e3 * med(times["hooked"]),
         "fast_median": 1e3 * fm,
-        "naive_over_fast": med(naive) / fm,
+        "naive_over_fast": med(times["naive"]) / fm,
+        "hooked_over_packed": med(times["hooked"]) / fm,
         "prompt_tokens_median": med([len(e.tokens) for e in ex]),
         "fast_gflops": flops / fm / 1e9,
         "fast_weight_gb_per_s": nbytes / fm / 1e9,
         "share_of_sgemm_flops": flops / fm / res["machine"]["sgemm_flops"],
-        "share_of_gemv_bandwidth": nbytes / fm / res["machine"]["gemv_bytes_per_s"],
+        "share_of_gemv_bandwidth": nbytes / fm / res["machine"]["gemv_input_major_bytes_per_s"],
+    }
+    with torch.profiler.profile() as prof:
+        for i in range(5):
+            step(i, "packed")
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev)
+    top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:6]
+    res["train_step_profile"] = {e.key: round(e.self_cpu_time_total / total, 3) for e in top}
+
+    # 6. FV's CIE over all heads, 5 shuffled-label prompts: hooked vs packed
+    cie_tok, cie_tgt = _prompts_and_targets(model, task, 5, 10, 0)
+    with torch.inference_mode():
+        hooked_s, c_h = timed(lambda: _cie_hooked(model, cie_tok, cie_tgt, t, 8))
+        packed_s, c_p = timed(lambda: _cie_packed(model, cie_tok, cie_tgt, t))
+    res["cie_5_prompts_s"] = {
+        "hooked": hooked_s,
+        "packed": packed_s,
+        "hooked_over_packed": hooked_s / packed_s,
+        "max_abs_diff": float((c_h - c_p).abs().max()),
     }
 
     # 3. per-query latency, batch 1, interleaved: up to 20 new tokens stopping at the end of the
