@@ -30,6 +30,7 @@ cache instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -168,23 +169,29 @@ class LastToken:
         self,
         tokens: Int[Tensor, " batch"],
         prefix: Prefix,
-        alpha: Float[Tensor, "*rows layer head_index"],
-        t: Float[Tensor, "layer head_index d_head"],
+        alpha: Float[Tensor, "*rows layer head_index"] | None,
+        t: Float[Tensor, "layer head_index d_head"] | None,
+        resid_edits: dict[int, Callable[[Tensor], Tensor]] | None = None,
     ) -> Float[Tensor, "batch d_vocab"]:
         """Logits of the token after each row's prefix, with every head's z gated toward t.
 
-        ``alpha`` is one gate for all rows, (layer, head), or one per row, (batch, layer, head).
-        A prefix of one row serves every row (e.g. one prompt under many gates).
+        ``alpha`` is one gate for all rows, (layer, head), or one per row, (batch, layer, head);
+        None runs no gate. A prefix of one row serves every row (e.g. one prompt under many
+        gates). ``resid_edits[l]`` maps the token's (batch, d_model) residual at the input of
+        layer l, as a hook on ``blocks.{l}.hook_resid_pre`` at that position would (FV, TV).
         """
         H, KV, D = self.n_heads, self.n_kv, self.d_head
         B, P = tokens.shape[0], prefix.length
         group = H // KV
-        if alpha.dim() == 3 and alpha.shape[0] != B:
+        edits = resid_edits or {}
+        if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != B:
             raise ValueError(f"alpha has {alpha.shape[0]} rows for {B} tokens")
         if prefix.keys[0].shape[0] not in (1, B):
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} tokens")
         resid = self.model.W_E[tokens]  # (batch, d_model)
         for i, w in enumerate(self.layers):
+            if i in edits:
+                resid = edits[i](resid)
             x = _rms(resid, w["ln1"], w["eps1"])
             qkv = x @ w["w_qkv"] + w["b_qkv"]  # (batch, (h + 2 kv) d_head)
             cos, sin = w["cos"][P], w["sin"][P]  # rotary at position P
@@ -197,8 +204,9 @@ class LastToken:
             pattern = (scores / w["scale"]).softmax(-1)
             z = pattern[..., :P] @ prefix.values[i] + pattern[..., P:] * v  # (batch, kv, group, d_head)
             z = z.reshape(B, H, D)
-            a = alpha[..., i, :, None]  # (head, 1) or (batch, head, 1)
-            z = (1 - a) * z + a * t[i]  # SITE's gate, as inject.gate_hook
+            if alpha is not None and t is not None:
+                a = alpha[..., i, :, None]  # (head, 1) or (batch, head, 1)
+                z = (1 - a) * z + a * t[i]  # SITE's gate, as inject.gate_hook
             resid = resid + (z.reshape(B, H * D) @ w["w_o"] + w["b_o"])
             x = _rms(resid, w["ln2"], w["eps2"])
             gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)

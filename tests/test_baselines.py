@@ -190,6 +190,24 @@ def test_fv_and_tv_choose_a_layer_on_valid(fitted, model):
     assert len(fitted["fv"].info["heads"]) == 3
 
 
+def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
+    from site_lens.baselines.base import choose_layer
+
+    _, valid = train_valid_examples(model, task)
+    layers = list(range(model.cfg.n_layers))
+    fv, tv = fitted["fv"], fitted["tv"]
+    v = fv.v.to(model.cfg.dtype)
+    cases = {
+        "fv": (fv._factory(model), lambda _: lambda r: r + v),
+        "tv": (tv._factory(model), lambda layer: lambda r: tv.vectors[layer].expand_as(r)),
+    }
+    for name, (factory, edit) in cases.items():
+        _, hooked = choose_layer(model, valid, factory, layers)
+        _, packed = choose_layer(model, valid, factory, layers, edit=edit)
+        assert packed == pytest.approx(hooked, abs=1e-5), name
+        assert max(hooked) - min(hooked) > 1e-3  # the layer matters, so the comparison means something
+
+
 def test_score_method_rows(model, task, fitted):
     for m in fitted.values():
         r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))

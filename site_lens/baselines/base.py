@@ -37,7 +37,7 @@ from ..config import EmbeddingConfig, EvalConfig
 from ..embeddings import build_task_embedding
 from ..inject import HookFactory, Hooks, answer_ids, encode, generate_greedy, last_logits, pad_id, pad_right
 from ..metrics import score
-from ..selection import Example, make_examples
+from ..selection import Example, _PrefixCache, make_examples, packed_runner
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 
 log = logging.getLogger(__name__)
@@ -248,12 +248,35 @@ def train_valid_examples(model: HookedTransformer, task: Task) -> tuple[list[Exa
 
 
 def choose_layer(
-    model: HookedTransformer, valid: Sequence[Example], factory: Callable[[int], HookFactory], layers: Sequence[int]
+    model: HookedTransformer,
+    valid: Sequence[Example],
+    factory: Callable[[int], HookFactory],
+    layers: Sequence[int],
+    edit: Callable[[int], Callable[[Tensor], Tensor]] | None = None,
 ) -> tuple[int, list[float]]:
-    """The layer whose prefill intervention gives the lowest first-token valid loss."""
+    """The layer whose prefill intervention gives the lowest first-token valid loss.
+
+    ``factory(layer)`` gives the intervention as hooks; ``edit(layer)``, when the method
+    can say it as a change of the last token's residual at the input of that layer, lets
+    a Llama-style model score every layer on the packed last-token path (cached prefixes,
+    one token per prompt; ``lasttoken.LastToken``) instead of whole prompts.
+    """
     losses = []
+    runner = packed_runner(model) if edit is not None and valid else None
     with torch.inference_mode():
-        for layer in layers:
-            losses.append(float(first_token_loss(model, valid, prefill=factory(layer))))
+        if runner is not None:
+            assert edit is not None
+            cache = _PrefixCache(model, valid, runner=runner)
+            for layer in layers:
+                total = 0.0
+                for _, idx, prefix in cache.batch(range(len(valid))):
+                    last = torch.tensor([valid[i].tokens[-1] for i in idx], device=model.cfg.device)
+                    logits = runner.logits(last, prefix, None, None, resid_edits={layer: edit(layer)})
+                    target = torch.tensor([valid[i].target for i in idx], device=logits.device)
+                    total += float(F.cross_entropy(logits.float(), target, reduction="sum"))
+                losses.append(total / len(valid))
+        else:
+            for layer in layers:
+                losses.append(float(first_token_loss(model, valid, prefill=factory(layer))))
     best = min(range(len(layers)), key=lambda i: losses[i])
     return layers[best], losses

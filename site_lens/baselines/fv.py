@@ -67,7 +67,10 @@ class FunctionVector(Method):
         heads = [divmod(i, model.cfg.n_heads) for i in top]
         self.v = function_vector(model, mean_z, heads)
         _, valid = train_valid_examples(model, task)
-        self.layer, losses = choose_layer(model, valid[:50], self._factory(model), list(range(model.cfg.n_layers)))
+        v = self.v.to(device=model.cfg.device, dtype=model.cfg.dtype)
+        self.layer, losses = choose_layer(
+            model, valid[:50], self._factory(model), list(range(model.cfg.n_layers)), edit=lambda _: lambda r: r + v
+        )
         self.info = {"heads": [f"L{l}H{h}" for l, h in heads], "layer": self.layer, "valid_loss_by_layer": losses}
 
     def _factory(self, model: HookedTransformer):

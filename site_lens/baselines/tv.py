@@ -65,7 +65,14 @@ class TaskVector(Method):
         ctx = ctx or TaskContext(task, seed)
         self.vectors = mean_last_resid(model, [p for p, _ in ctx.icl_prompts()])
         _, valid = train_valid_examples(model, task)
-        self.layer, losses = choose_layer(model, valid[:50], self._factory(model), list(range(model.cfg.n_layers)))
+        vecs = self.vectors.to(device=model.cfg.device, dtype=model.cfg.dtype)
+        self.layer, losses = choose_layer(
+            model,
+            valid[:50],
+            self._factory(model),
+            list(range(model.cfg.n_layers)),
+            edit=lambda layer: lambda r: vecs[layer].expand_as(r),
+        )
         self.info = {"layer": self.layer, "valid_loss_by_layer": losses}
 
     def _factory(self, model: HookedTransformer):
