@@ -176,7 +176,7 @@ def _cie_hooked(model, tokens, targets, t, batch_size: int) -> Tensor:
 def _cie_packed(model, tokens, targets, t, rows_per_call: int = 136) -> Tensor:
     """The same CIE from packed weights: per prompt, one prefix and one batched run over every head's patch."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    runner = LastToken(model)
+    runner = LastToken.for_model(model)
     n = n_layers * n_heads
     gates = torch.cat([torch.zeros(1, n), torch.eye(n)]).view(1 + n, n_layers, n_heads)  # row 0: unpatched
     gates = gates.to(device=t.device, dtype=t.dtype)

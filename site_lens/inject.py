@@ -178,6 +178,7 @@ def generate_greedy(
     stop_ids: set[int] | None = None,
     batch_size: int = 16,
     use_cache: bool = True,
+    packed: bool = True,
 ) -> tuple[list[list[int]], Float[Tensor, "batch d_vocab"]]:
     """Greedy continuation of token prompts; returns (new tokens per prompt, first-step logits).
 
@@ -187,6 +188,10 @@ def generate_greedy(
     those same absolute positions. Rows stop at any of ``stop_ids``. Prompts are
     sorted by length and right-padded; an explicit attention mask gives the
     rotary positions and masks the pads, so batching does not change results.
+    With the cache, steps after the first run from packed weights
+    (``lasttoken.LastToken.decode``) when ``packed`` and the model allows it
+    (Llama-style, no hooks attached during decoding); otherwise through the
+    hooked model. Tests check all three paths give the same tokens.
     """
     check_context(model, [len(p) for p in prompts], max_new_tokens)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -196,9 +201,10 @@ def generate_greedy(
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         batch = [prompts[i] for i in idx]
-        gen, logits0 = (_generate_cached if use_cache else _generate_uncached)(
-            model, batch, max_new_tokens, prefill_hooks, stop
-        )
+        if use_cache:
+            gen, logits0 = _generate_cached(model, batch, max_new_tokens, prefill_hooks, stop, packed)
+        else:
+            gen, logits0 = _generate_uncached(model, batch, max_new_tokens, prefill_hooks, stop)
         for j, i in enumerate(idx):
             outs[i] = gen[j]
             first[i] = logits0[j].float().cpu()
@@ -213,7 +219,7 @@ def _finish(gen: list[list[int]], nxt: Tensor, done: Tensor, stop: set[int]) -> 
                 done[j] = True
 
 
-def _generate_cached(model, batch, max_new, prefill_hooks, stop):
+def _generate_cached(model, batch, max_new, prefill_hooks, stop, packed=True):
     device = model.cfg.device
     tokens, mask, last = pad_right(batch, pad_id(model), device)
     cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, len(batch))
@@ -224,13 +230,29 @@ def _generate_cached(model, batch, max_new, prefill_hooks, stop):
     done = torch.zeros(len(batch), dtype=torch.bool)
     ones = torch.ones((len(batch), 1), dtype=torch.long, device=device)
     zero = torch.zeros(len(batch), dtype=torch.long, device=device)
+    decoder = _packed_decoder(model, cache, mask, max_new) if packed and max_new > 1 else None
     for step in range(max_new):
         nxt = logits.argmax(-1)
         _finish(gen, nxt, done, stop)
         if bool(done.all()) or step == max_new - 1:
             break
-        logits = last_logits(model, nxt[:, None], zero, attention_mask=ones, past_kv_cache=cache)
+        if decoder is not None:
+            logits = decoder(nxt)
+        else:
+            logits = last_logits(model, nxt[:, None], zero, attention_mask=ones, past_kv_cache=cache)
     return gen, logits0
+
+
+def _packed_decoder(model, cache, mask, max_new):
+    """Decode steps from packed weights (``lasttoken``) for models it runs and with no hooks attached."""
+    from .lasttoken import LastToken, unsupported
+
+    if unsupported(model) is not None:
+        return None
+    runner = LastToken.for_model(model)
+    state = runner.decode_cache(cache, mask, max_new)
+    return lambda nxt: runner.decode(nxt, state)
+
 
 
 def _generate_uncached(model, batch, max_new, prefill_hooks, stop):

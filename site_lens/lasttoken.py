@@ -90,8 +90,30 @@ class Prefix:
         )
 
 
+@dataclass
+class DecodeCache:
+    """Keys (rotated) and values of a batch being decoded, in preallocated slots, with a validity mask."""
+
+    keys: list[Tensor]  # per layer (batch, kv_head, capacity, d_head)
+    values: list[Tensor]  # per layer (batch, kv_head, capacity, d_head)
+    valid: Tensor  # (batch, capacity) bool: slot holds a real token (pads and unused slots are False)
+    used: int  # slots filled so far
+    pos: Tensor  # (batch,) rotary position of each row's next token
+
+
 class LastToken:
     """One-token forward of a supported model, with SITE's gate at that token (see module docstring)."""
+
+    @classmethod
+    def for_model(cls, model: HookedTransformer) -> LastToken:
+        """A runner kept on the model and rebuilt when any of its parameters changes (by identity or in place)."""
+        stamp = tuple((id(p), p._version) for p in model.parameters())
+        cached = getattr(model, "_site_lens_lasttoken", None)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        runner = cls(model)
+        model._site_lens_lasttoken = (stamp, runner)  # type: ignore[attr-defined]
+        return runner
 
     def __init__(self, model: HookedTransformer):
         why = unsupported(model)
@@ -102,10 +124,11 @@ class LastToken:
         self.n_heads, self.d_head, self.d_mlp = c.n_heads, c.d_head, c.d_mlp
         self.n_kv = c.n_key_value_heads or c.n_heads
         self.rotary_dim = c.rotary_dim or c.d_head
-        self.layers = [self._pack(b) for b in model.blocks]
+        with torch.inference_mode(False):  # packed copies must be usable under autograd later
+            self.layers = [self._pack(b) for b in model.blocks]
+            self.unembed = model.unembed.W_U.T.contiguous()  # (d_vocab, d_model); a view when fast_layout ran
         self.w_final = model.ln_final.w
         self.eps_final = model.ln_final.eps
-        self.unembed = model.unembed.W_U.T.contiguous()  # (d_vocab, d_model); a view when fast_layout ran
         self.b_U = model.unembed.b_U
 
     def _pack(self, block) -> dict:
@@ -211,6 +234,64 @@ class LastToken:
             x = _rms(resid, w["ln2"], w["eps2"])
             gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
             resid = resid + ((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"])
+        x = _rms(resid, self.w_final, self.eps_final)
+        return torch.nn.functional.linear(x, self.unembed, self.b_U)
+
+
+    # ------------------------------------------------------------ greedy decoding
+
+    @torch.no_grad()
+    def decode_cache(
+        self, cache: TransformerLensKeyValueCache, attention_mask: Int[Tensor, "batch pos"], extra: int
+    ) -> DecodeCache:
+        """Take over a prefilled TransformerLens cache (right-padded rows) with room for ``extra`` tokens."""
+        B, T = attention_mask.shape
+        mask = attention_mask.bool()
+        pos_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # rotary positions, as TransformerLens
+        keys, values = [], []
+        for layer, entry in zip(self.layers, cache.entries):
+            k = entry.past_keys.transpose(1, 2)  # (batch, kv_head, T, d_head), not yet rotated
+            cos, sin = layer["cos"][pos_ids][:, None], layer["sin"][pos_ids][:, None]  # (batch, 1, T, rot)
+            kb = k.new_zeros(B, self.n_kv, T + extra, self.d_head)
+            vb = torch.zeros_like(kb)
+            kb[:, :, :T] = self._rotate(k, cos, sin)
+            vb[:, :, :T] = entry.past_values.transpose(1, 2)
+            keys.append(kb)
+            values.append(vb)
+        valid = torch.zeros(B, T + extra, dtype=torch.bool, device=mask.device)
+        valid[:, :T] = mask
+        return DecodeCache(keys, values, valid, T, attention_mask.sum(-1))
+
+    @torch.no_grad()
+    def decode(self, tokens: Int[Tensor, " batch"], cache: DecodeCache) -> Float[Tensor, "batch d_vocab"]:
+        """Logits after one more token per row; its keys and values are written into ``cache``."""
+        H, KV, D = self.n_heads, self.n_kv, self.d_head
+        B, n = tokens.shape[0], cache.used
+        if n >= cache.valid.shape[1]:
+            raise ValueError("DecodeCache is full")
+        group = H // KV
+        blocked = ~cache.valid[:, None, None, :n]  # (batch, 1, 1, n)
+        resid = self.model.W_E[tokens]  # (batch, d_model)
+        for i, w in enumerate(self.layers):
+            x = _rms(resid, w["ln1"], w["eps1"])
+            qkv = x @ w["w_qkv"] + w["b_qkv"]
+            cos, sin = w["cos"][cache.pos][:, None, None], w["sin"][cache.pos][:, None, None]  # (batch, 1, 1, rot)
+            q = self._rotate(qkv[:, : H * D].view(B, KV, group, D), cos, sin)
+            k = self._rotate(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), cos, sin)
+            v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
+            keys, values = cache.keys[i], cache.values[i]
+            keys[:, :, n : n + 1] = k
+            values[:, :, n : n + 1] = v
+            scores = (q @ keys[:, :, : n + 1].transpose(-1, -2)) / w["scale"]  # (batch, kv, group, n + 1)
+            scores[..., :n] = scores[..., :n].masked_fill(blocked, float("-inf"))
+            z = (scores.softmax(-1) @ values[:, :, : n + 1]).reshape(B, H * D)
+            resid = resid + (z @ w["w_o"] + w["b_o"])
+            x = _rms(resid, w["ln2"], w["eps2"])
+            gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
+            resid = resid + ((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"])
+        cache.valid[:, n] = True
+        cache.used = n + 1
+        cache.pos = cache.pos + 1
         x = _rms(resid, self.w_final, self.eps_final)
         return torch.nn.functional.linear(x, self.unembed, self.b_U)
 

@@ -181,7 +181,7 @@ def packed_runner(model: HookedTransformer) -> LastToken | None:
     if why is not None:
         log.info("last-token fast path through the hooked model (packed path unavailable: %s)", why)
         return None
-    return LastToken(model)
+    return LastToken.for_model(model)
 
 
 class AlphaTrainer:

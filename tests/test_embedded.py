@@ -56,3 +56,17 @@ def test_fast_path_equals_naive_on_embedded_model(smollm):
         (gf,) = torch.autograd.grad(lf, tr.gate.theta)
         assert abs(lf.item() - ln.item()) < 1e-5
         assert torch.allclose(gf, gn, atol=1e-5)
+
+
+def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
+    from site_lens.inject import encode, generate_greedy
+
+    prompts = encode(
+        smollm,
+        ["Q: hot\nA:", "Q: up\nA: down\n\nQ: big\nA: small\n\nQ: wide\nA:", "The capital of France is", "Q: cat\nA:"],
+    )
+    kw = dict(max_new_tokens=10, stop_ids=set(), batch_size=4)
+    packed, first_p = generate_greedy(smollm, prompts, **kw)
+    hooked, first_h = generate_greedy(smollm, prompts, packed=False, **kw)
+    assert packed == hooked
+    assert torch.allclose(first_p, first_h)

@@ -139,3 +139,77 @@ def test_one_prefix_many_gates_equals_row_by_row(model):
     assert not torch.allclose(got[0], got[1], atol=1e-3)
     with pytest.raises(ValueError, match="rows"):
         runner.logits(tokens[-1:].expand(3), prefix, alphas, t)
+
+
+DECODE_VARIANTS = ["gqa", "mha", "partial-rotary", "adjacent-rotary", "biases"]
+
+
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
+def test_packed_decode_logits_equal_hooked_cache(variant):
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    from site_lens.inject import pad_right
+
+    model = _tiny(**VARIANTS[variant])
+    if variant == "biases":
+        _randomise_biases(model)
+    runner = LastToken(model)
+    prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7]]  # right-padded to 7
+    tokens, mask, last = pad_right(prompts, 0)
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, "cpu", len(prompts))
+    zero = torch.zeros(len(prompts), dtype=torch.long)
+    with torch.no_grad():
+        logits = last_logits(model, tokens, last, attention_mask=mask, past_kv_cache=cache)
+        state = runner.decode_cache(cache, mask, 4)
+        ones = torch.ones((len(prompts), 1), dtype=torch.long)
+        for step in range(4):
+            nxt = torch.tensor([(13 * step + 7 * j) % 50 + 1 for j in range(len(prompts))])
+            got = runner.decode(nxt, state)
+            logits = last_logits(model, nxt[:, None], zero, attention_mask=ones, past_kv_cache=cache)
+            assert torch.allclose(got, logits, atol=1e-5), (step, (got - logits).abs().max())
+        with pytest.raises(ValueError, match="full"):
+            runner.decode(nxt, state)
+
+
+def test_generation_packed_equals_hooked_and_uncached(model):
+    from site_lens.inject import generate_greedy
+
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 2
+    alpha = torch.rand(c.n_layers, c.n_heads)
+    prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7], [40]]
+
+    def hooks(last):
+        return injection_hooks(model, t, alpha, last)
+
+    runs = {
+        "packed": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set()),
+        "hooked": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), packed=False),
+        "uncached": generate_greedy(
+            model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), use_cache=False
+        ),
+    }
+    assert runs["packed"][0] == runs["hooked"][0] == runs["uncached"][0]
+    assert len(set(map(tuple, runs["packed"][0]))) > 1  # rows differ: the test can tell them apart
+    assert all(len(g) == 12 for g in runs["packed"][0])
+
+
+def test_runner_is_kept_on_the_model_and_rebuilt_when_weights_change(model):
+    r1 = LastToken.for_model(model)
+    assert LastToken.for_model(model) is r1
+    w = model.blocks[0].mlp.W_out
+    with torch.no_grad():
+        w.mul_(1.0)  # an in-place write, even of the same values, bumps the version
+    r2 = LastToken.for_model(model)
+    assert r2 is not r1
+    assert LastToken.for_model(model) is r2
+
+
+def test_runner_built_under_inference_mode_still_trains(model):
+    from site_lens.inject import generate_greedy
+
+    model._site_lens_lasttoken = None
+    generate_greedy(model, [[5, 9, 17]], max_new_tokens=3, stop_ids=set())  # builds the kept runner
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    gate = AlphaTrainer(model, t, SelectionConfig(steps=2, eval_every=0)).fit(_examples(model))
+    assert torch.isfinite(gate.theta).all()
