@@ -22,10 +22,11 @@ or re-rotating the whole cache each call. Weights are packed once per
 concatenated), the layout in which one-row matmuls run fastest on CPU.
 Tests hold it to the hooked model to 1e-5 (tests/test_lasttoken.py).
 
-``unsupported(model)`` names what this path does not cover (LayerNorm,
-absolute positions, Gemma's extra norms, soft caps, local attention, hooks
-left on the model); the trainer then uses the hooked model with a frozen KV
-cache instead.
+It covers Llama-style blocks (SmolLM2) and Gemma 3's additions (per-head
+Q/K RMSNorm, RMSNorm of each sublayer's output, sliding-window layers).
+``unsupported(model)`` names what it does not cover (LayerNorm, absolute
+positions, post-norm blocks, soft caps, hooks left on the model); callers
+then use the hooked model with a frozen KV cache instead.
 """
 
 from __future__ import annotations
@@ -38,27 +39,41 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 
 def unsupported(model: HookedTransformer) -> str | None:
     """Why ``LastToken`` cannot run this model (None when it can)."""
     c = model.cfg
+
+    def kind(module) -> str:
+        return type(module).__name__
+
+    norms = [model.ln_final] + [n for b in model.blocks for n in (b.ln1, b.ln2)]
+    if getattr(c, "use_normalization_before_and_after", False):
+        norms += [n for b in model.blocks for n in (getattr(b, "ln1_post", None), getattr(b, "ln2_post", None))]
+    qk = [getattr(b.attn, n, None) for b in model.blocks for n in ("q_norm", "k_norm")]
     checks = [
         (c.normalization_type != "RMS" or not c.final_rms, "normalization is not RMSNorm"),
+        (any(kind(n) != "RMSNorm" for n in norms), "a norm module is not RMSNorm"),
         (c.positional_embedding_type != "rotary", "positions are not rotary"),
         (not c.gated_mlp or c.attn_only, "the MLP is not gated"),
+        (any(kind(b.mlp) != "GatedMLP" for b in model.blocks), "the MLP is not TransformerLens's GatedMLP"),
         (c.parallel_attn_mlp, "attention and MLP run in parallel"),
-        (getattr(c, "use_normalization_before_and_after", False), "extra post-sublayer norms"),
+        (c.original_architecture in POST_NORM_ARCHITECTURES, "post-norm blocks"),
         (getattr(c, "post_embedding_ln", False), "a norm after the embedding"),
         ((getattr(c, "attn_scores_soft_cap", -1.0) or -1.0) > 0, "attention soft cap"),
         ((getattr(c, "output_logits_soft_cap", -1.0) or -1.0) > 0, "logit soft cap"),
-        (getattr(c, "use_qk_norm", False) or getattr(c, "clip_qkv", None) is not None, "Q/K norm or clipping"),
+        (getattr(c, "clip_qkv", None) is not None, "Q/K/V clipping"),
+        (any(q is not None and (kind(q) != "RMSNorm" or q.w.shape[-1] != c.d_head) for q in qk), "Q/K norm not per head"),
         (getattr(c, "use_dynamic_ntk_rope", False) or getattr(c, "use_logn_attn", False), "dynamic rotary scaling"),
-        (any(a != "global" for a in (c.attn_types or [])), "local attention layers"),
+        (
+            any(a != "global" for a in (c.attn_types or [])) and not isinstance(c.window_size, int),
+            "local attention without a window size",
+        ),
         (c.attention_dir != "causal", "attention is not causal"),
         (c.n_devices != 1, "the model is split over devices"),
         (c.dtype not in (torch.float32, torch.float64), "dtype is not float32/float64"),
-        (any(getattr(b.attn, "q_norm", None) is not None for b in model.blocks), "Q/K norm"),
         (
             any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values()),
             "hooks are attached to the model",
@@ -158,6 +173,12 @@ class LastToken:
             w_out=mlp.W_out.contiguous(),  # (d_mlp, d_model)
             b_out=mlp.b_out,
             act=mlp.act_fn,
+            # Gemma 3: per-head RMSNorm of q and k, RMSNorm of each sublayer's output, sliding window
+            q_norm=_norm(getattr(a, "q_norm", None)),
+            k_norm=_norm(getattr(a, "k_norm", None)),
+            ln1_post=_norm(getattr(block, "ln1_post", None)),
+            ln2_post=_norm(getattr(block, "ln2_post", None)),
+            window=self.model.cfg.window_size if getattr(a, "attn_type", "global") == "local" else None,
         )
 
     # ------------------------------------------------------------ prefix
@@ -218,24 +239,30 @@ class LastToken:
             x = _rms(resid, w["ln1"], w["eps1"])
             qkv = x @ w["w_qkv"] + w["b_qkv"]  # (batch, (h + 2 kv) d_head)
             cos, sin = w["cos"][P], w["sin"][P]  # rotary at position P
-            q = self._rotate(qkv[:, : H * D].view(B, KV, group, D), cos, sin)  # (batch, kv, group, d_head)
-            k = self._rotate(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), cos, sin)  # (batch, kv, 1, d_head)
+            q = _maybe_rms(qkv[:, : H * D].view(B, KV, group, D), w["q_norm"])  # (batch, kv, group, d_head)
+            k = _maybe_rms(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), w["k_norm"])  # (batch, kv, 1, d_head)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
             scores = torch.cat(
                 (q @ prefix.keys[i].transpose(-1, -2), (q * k).sum(-1, keepdim=True)), -1
             )  # (batch, kv, group, P + 1): the prefix, then the token itself
+            if w["window"] is not None and P - w["window"] >= 0:  # local layer: keys at positions <= P - window
+                scores[..., : P - w["window"] + 1] = float("-inf")
             pattern = (scores / w["scale"]).softmax(-1)
             z = pattern[..., :P] @ prefix.values[i] + pattern[..., P:] * v  # (batch, kv, group, d_head)
             z = z.reshape(B, H, D)
             if alpha is not None and t is not None:
                 a = alpha[..., i, :, None]  # (head, 1) or (batch, head, 1)
                 z = (1 - a) * z + a * t[i]  # SITE's gate, as inject.gate_hook
-            resid = resid + (z.reshape(B, H * D) @ w["w_o"] + w["b_o"])
-            x = _rms(resid, w["ln2"], w["eps2"])
-            gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
-            resid = resid + ((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"])
+            resid = resid + _maybe_rms(z.reshape(B, H * D) @ w["w_o"] + w["b_o"], w["ln1_post"])
+            resid = resid + self._mlp(resid, w)
         x = _rms(resid, self.w_final, self.eps_final)
         return torch.nn.functional.linear(x, self.unembed, self.b_U)
+
+    def _mlp(self, resid: Tensor, w: dict) -> Tensor:
+        x = _rms(resid, w["ln2"], w["eps2"])
+        gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
+        return _maybe_rms((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"], w["ln2_post"])
 
 
     # ------------------------------------------------------------ greedy decoding
@@ -276,24 +303,33 @@ class LastToken:
             x = _rms(resid, w["ln1"], w["eps1"])
             qkv = x @ w["w_qkv"] + w["b_qkv"]
             cos, sin = w["cos"][cache.pos][:, None, None], w["sin"][cache.pos][:, None, None]  # (batch, 1, 1, rot)
-            q = self._rotate(qkv[:, : H * D].view(B, KV, group, D), cos, sin)
-            k = self._rotate(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), cos, sin)
+            q = _maybe_rms(qkv[:, : H * D].view(B, KV, group, D), w["q_norm"])
+            k = _maybe_rms(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), w["k_norm"])
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
             keys, values = cache.keys[i], cache.values[i]
             keys[:, :, n : n + 1] = k
             values[:, :, n : n + 1] = v
             scores = (q @ keys[:, :, : n + 1].transpose(-1, -2)) / w["scale"]  # (batch, kv, group, n + 1)
             scores[..., :n] = scores[..., :n].masked_fill(blocked, float("-inf"))
+            if w["window"] is not None and n - w["window"] >= 0:  # local layer: slots <= n - window, as TransformerLens
+                scores[..., : n - w["window"] + 1] = float("-inf")
             z = (scores.softmax(-1) @ values[:, :, : n + 1]).reshape(B, H * D)
-            resid = resid + (z @ w["w_o"] + w["b_o"])
-            x = _rms(resid, w["ln2"], w["eps2"])
-            gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
-            resid = resid + ((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"])
+            resid = resid + _maybe_rms(z @ w["w_o"] + w["b_o"], w["ln1_post"])
+            resid = resid + self._mlp(resid, w)
         cache.valid[:, n] = True
         cache.used = n + 1
         cache.pos = cache.pos + 1
         x = _rms(resid, self.w_final, self.eps_final)
         return torch.nn.functional.linear(x, self.unembed, self.b_U)
+
+
+def _norm(module) -> tuple[Tensor, float] | None:
+    return None if module is None else (module.w, module.eps)
+
+
+def _maybe_rms(x: Tensor, norm: tuple[Tensor, float] | None) -> Tensor:
+    return x if norm is None else _rms(x, *norm)
 
 
 def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:

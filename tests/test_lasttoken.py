@@ -25,6 +25,13 @@ def _randomise_biases(model):
                 p.normal_(std=0.5)
 
 
+def _randomise_norms(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".w"):  # RMSNorm gains (ln1, ln2, ln1_post, ln2_post, q_norm, k_norm, ln_final)
+                p.uniform_(0.5, 1.5)
+
+
 def _examples(model):
     return make_examples(model, [(f"Q: {w}\nA:", w[::-1]) for w in WORDS])
 
@@ -36,6 +43,16 @@ VARIANTS = {
     "adjacent-rotary": dict(rotary_adjacent_pairs=True),
     "gelu": dict(act_fn="gelu_new"),
     "biases": dict(),
+    # Gemma 3's additions: per-head Q/K norm, post-sublayer norms, local layers with a short window
+    "gemma3-like": dict(
+        use_normalization_before_and_after=True,
+        use_qk_norm=True,
+        use_local_attn=True,
+        attn_types=["local", "global"],
+        window_size=4,
+        rotary_base_local=100.0,
+        act_fn="gelu_pytorch_tanh",
+    ),
 }
 
 
@@ -44,6 +61,8 @@ def test_logits_equal_hooked_model_with_gate(variant):
     model = _tiny(**VARIANTS[variant])
     if variant == "biases":
         _randomise_biases(model)
+    if variant == "gemma3-like":
+        _randomise_norms(model)
     assert unsupported(model) is None
     runner = LastToken(model)
     c = model.cfg
@@ -141,7 +160,7 @@ def test_one_prefix_many_gates_equals_row_by_row(model):
         runner.logits(tokens[-1:].expand(3), prefix, alphas, t)
 
 
-DECODE_VARIANTS = ["gqa", "mha", "partial-rotary", "adjacent-rotary", "biases"]
+DECODE_VARIANTS = ["gqa", "mha", "partial-rotary", "adjacent-rotary", "biases", "gemma3-like"]
 
 
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
@@ -153,6 +172,8 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
     model = _tiny(**VARIANTS[variant])
     if variant == "biases":
         _randomise_biases(model)
+    if variant == "gemma3-like":
+        _randomise_norms(model)
     runner = LastToken(model)
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7]]  # right-padded to 7
     tokens, mask, last = pad_right(prompts, 0)
@@ -162,7 +183,7 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
         logits = last_logits(model, tokens, last, attention_mask=mask, past_kv_cache=cache)
         state = runner.decode_cache(cache, mask, 4)
         ones = torch.ones((len(prompts), 1), dtype=torch.long)
-        for step in range(4):
+        for step in range(4):  # with window 4, the local layer's window starts to bite
             nxt = torch.tensor([(13 * step + 7 * j) % 50 + 1 for j in range(len(prompts))])
             got = runner.decode(nxt, state)
             logits = last_logits(model, nxt[:, None], zero, attention_mask=ones, past_kv_cache=cache)
