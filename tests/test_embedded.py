@@ -70,3 +70,28 @@ def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
     hooked, first_h = generate_greedy(smollm, prompts, packed=False, **kw)
     assert packed == hooked
     assert torch.allclose(first_p, first_h)
+
+
+def test_gemma3_packed_paths_equal_hooked():
+    """Gemma 3 270M (the second embedded family): packed training loss/grad and decoding equal the hooked model."""
+    from site_lens import build_task_embedding, load_model
+    from site_lens.inject import encode, generate_greedy
+    from site_lens.lasttoken import unsupported
+    from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+
+    gemma = load_model("gemma-3-270m")
+    assert unsupported(gemma) is None
+    t = build_task_embedding(gemma, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
+    ex = make_examples(gemma, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])
+    tr = AlphaTrainer(gemma, t)
+    with torch.no_grad():
+        tr.gate.theta.normal_(generator=torch.Generator().manual_seed(0))
+    ln = tr.loss_naive(ex)
+    (gn,) = torch.autograd.grad(ln, tr.gate.theta)
+    lf = tr.loss_fast(ex, _PrefixCache(gemma, ex, runner=tr.runner()), range(len(ex)))
+    (gf,) = torch.autograd.grad(lf, tr.gate.theta)
+    assert abs(lf.item() - ln.item()) < 1e-5
+    assert torch.allclose(gf, gn, atol=1e-5)
+    prompts = encode(gemma, ["Q: hot\nA:", "Q: up\nA: down\n\nQ: big\nA: small\n\nQ: wide\nA:", "Q: cat\nA:"])
+    kw = dict(max_new_tokens=8, stop_ids=set())
+    assert generate_greedy(gemma, prompts, **kw)[0] == generate_greedy(gemma, prompts, packed=False, **kw)[0]
