@@ -18,8 +18,11 @@ straight from the model's weights:
 It is the hooked model's computation with ``injection_hooks`` at the last
 token, without hooks, TransformerLens's per-call reshapes and weight copies,
 or re-rotating the whole cache each call. Weights are packed once per
-``LastToken`` input-major ((d_in, d_out), contiguous; Q/K/V and gate/up
-concatenated), the layout in which one-row matmuls run fastest on CPU.
+``LastToken`` (kept on the model by ``for_model``), Q/K/V and gate/up
+concatenated, each matrix in the layout whose one-row products, forward
+and backward together, measured fastest with MKL on this CPU: input-major
+(d_in, d_out) for Q/K/V, W_O, gate/up and the unembedding, output-major for
+the MLP's down projection (BENCHMARKS.md).
 Tests hold it to the hooked model to 1e-5 (tests/test_lasttoken.py).
 
 It covers Llama-style blocks (SmolLM2) and Gemma 3's additions (per-head
@@ -94,6 +97,9 @@ class Prefix:
         return self.keys[0].shape[2]
 
     def select(self, rows: Int[Tensor, " rows"]) -> Prefix:
+        if rows.numel() == 1:  # a view, no copy (batch-1 training steps)
+            r = int(rows)
+            return Prefix([k[r : r + 1] for k in self.keys], [v[r : r + 1] for v in self.values])
         return Prefix([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
 
     @staticmethod
@@ -141,7 +147,7 @@ class LastToken:
         self.rotary_dim = c.rotary_dim or c.d_head
         with torch.inference_mode(False):  # packed copies must be usable under autograd later
             self.layers = [self._pack(b) for b in model.blocks]
-            self.unembed = model.unembed.W_U.T.contiguous()  # (d_vocab, d_model); a view when fast_layout ran
+            self.unembed = model.unembed.W_U.contiguous()  # (d_model, d_vocab), input-major (see _pack)
         self.w_final = model.ln_final.w
         self.eps_final = model.ln_final.eps
         self.b_U = model.unembed.b_U
@@ -170,7 +176,7 @@ class LastToken:
             eps2=block.ln2.eps,
             w_gate_in=torch.cat([mlp.W_gate, mlp.W_in], 1).contiguous(),  # (d_model, 2 d_mlp)
             b_in=mlp.b_in,
-            w_out=mlp.W_out.contiguous(),  # (d_mlp, d_model)
+            w_out_t=mlp.W_out.T.contiguous(),  # (d_model, d_mlp): output-major, used by F.linear
             b_out=mlp.b_out,
             act=mlp.act_fn,
             # Gemma 3: per-head RMSNorm of q and k, RMSNorm of each sublayer's output, sliding window
@@ -257,12 +263,13 @@ class LastToken:
             resid = resid + _maybe_rms(z.reshape(B, H * D) @ w["w_o"] + w["b_o"], w["ln1_post"])
             resid = resid + self._mlp(resid, w)
         x = _rms(resid, self.w_final, self.eps_final)
-        return torch.nn.functional.linear(x, self.unembed, self.b_U)
+        return x @ self.unembed + self.b_U
 
     def _mlp(self, resid: Tensor, w: dict) -> Tensor:
         x = _rms(resid, w["ln2"], w["eps2"])
         gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
-        return _maybe_rms((w["act"](gate) * up + w["b_in"]) @ w["w_out"] + w["b_out"], w["ln2_post"])
+        down = torch.nn.functional.linear(w["act"](gate) * up + w["b_in"], w["w_out_t"], w["b_out"])
+        return _maybe_rms(down, w["ln2_post"])
 
 
     # ------------------------------------------------------------ greedy decoding
@@ -321,7 +328,7 @@ class LastToken:
         cache.used = n + 1
         cache.pos = cache.pos + 1
         x = _rms(resid, self.w_final, self.eps_final)
-        return torch.nn.functional.linear(x, self.unembed, self.b_U)
+        return x @ self.unembed + self.b_U
 
 
 def _norm(module) -> tuple[Tensor, float] | None:
