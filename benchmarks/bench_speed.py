@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -158,6 +157,25 @@ def main() -> None:
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:6]
     res["train_step_profile"] = {e.key: round(e.self_cpu_time_total / total, 3) for e in top}
 
+    # 1b. the same three steps on the second embedded family, gemma-3-270m (fewer reps)
+    gemma = sl.load_model("gemma-3-270m")
+    g_t = sl.build_task_embedding(gemma, prompts[:5])
+    g_ex = make_examples(gemma, zero_shot_prompts(task.train[:12]))
+    g_tr = AlphaTrainer(gemma, g_t)
+    g_caches = {"hooked": _PrefixCache(gemma, g_ex), "packed": _PrefixCache(gemma, g_ex, runner=LastToken(gemma))}
+
+    def g_step(i, how):
+        g_tr.gate.theta.grad = None
+        loss = g_tr.loss_naive([g_ex[i]]) if how == "naive" else g_tr.loss_fast(g_ex, g_caches[how], [i])
+        loss.backward()
+
+    g_times: dict[str, list[float]] = {h: [] for h in hows}
+    for i in range(12):
+        for how in hows:
+            g_times[how].append(timed(lambda: g_step(i, how))[0])
+    res["gemma_train_step_ms"] = {f"{h}_median": 1e3 * med(v[2:]) for h, v in g_times.items()}
+    gemma = g_caches = g_tr = None  # free the second model before the full run
+
     # 6. FV's CIE over all heads, 5 shuffled-label prompts: hooked vs packed
     cie_tok, cie_tgt = _prompts_and_targets(model, task, 5, 10, 0)
     with torch.inference_mode():
@@ -208,10 +226,14 @@ def main() -> None:
             cmd = [sys.executable, "-m", "site_lens", "run", "--model", "smollm2-135m", "--task", args.task, "--max-test", "100", "--out", tmp]
             if args.data:
                 cmd += ["--data", args.data]
+            # peak RSS via /usr/bin/time's own (small) fork: a child forked straight from this large
+            # process would report this process's pages as its own peak (ru_maxrss survives exec)
+            timer = ["/usr/bin/time", "-f", "PEAK_RSS_KB %M"] if Path("/usr/bin/time").exists() else []
             t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True)
+            done = subprocess.run(timer + cmd, check=True, capture_output=True, text=True)
             wall = time.perf_counter() - t0
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+            kb = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("PEAK_RSS_KB")]
+            peak = kb[-1] * 1024 if kb else None
             r = json.loads((Path(tmp) / "results.json").read_text())
             secs = r["seconds"]
             res["full_run"] = {
@@ -219,7 +241,7 @@ def main() -> None:
                 "wall_s": wall,
                 "seconds": secs,
                 "after_load_s": sum(v for k, v in secs.items() if k != "model_load"),
-                "peak_rss_mb": peak / 1e6,
+                "peak_rss_mb": peak / 1e6 if peak else None,
                 "exact_match": {k: r[k]["exact_match"] for k in ("zero_shot", "icl", "site")},
                 "ms_per_query_batched": {k: r[k]["ms_per_query"] for k in ("zero_shot", "icl", "site")},
             }
