@@ -127,8 +127,8 @@ class LastToken:
 
     @classmethod
     def for_model(cls, model: HookedTransformer) -> LastToken:
-        """A runner kept on the model and rebuilt when any of its parameters changes (by identity or in place)."""
-        stamp = tuple((id(p), p._version) for p in model.parameters())
+        """A runner kept on the model, rebuilt when any parameter changes: replaced, written in place, or moved."""
+        stamp = tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
         cached = getattr(model, "_site_lens_lasttoken", None)
         if cached is not None and cached[0] == stamp:
             return cached[1]

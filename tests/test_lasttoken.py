@@ -224,6 +224,8 @@ def test_runner_is_kept_on_the_model_and_rebuilt_when_weights_change(model):
     r2 = LastToken.for_model(model)
     assert r2 is not r1
     assert LastToken.for_model(model) is r2
+    w.data = w.data.clone()  # replaced storage (as .to() does), same Parameter object
+    assert LastToken.for_model(model) is not r2
 
 
 def test_runner_built_under_inference_mode_still_trains(model):
