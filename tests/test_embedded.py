@@ -91,7 +91,10 @@ def test_gemma3_packed_paths_equal_hooked():
     lf = tr.loss_fast(ex, _PrefixCache(gemma, ex, runner=tr.runner()), range(len(ex)))
     (gf,) = torch.autograd.grad(lf, tr.gate.theta)
     assert abs(lf.item() - ln.item()) < 1e-5
-    assert torch.allclose(gf, gn, atol=1e-5)
+    # The packed unembedding (input-major, faster) sums in another order than TransformerLens's
+    # F.linear; over Gemma's 262k-token vocabulary that moves the gradient by ~1e-5 of ~0.4
+    # (3e-5 relative), against 7e-7 for the hooked fast path, which uses the same kernels.
+    assert (gf - gn).abs().max() < 1e-4 * gn.abs().max()
     prompts = encode(gemma, ["Q: hot\nA:", "Q: up\nA: down\n\nQ: big\nA: small\n\nQ: wide\nA:", "Q: cat\nA:"])
     kw = dict(max_new_tokens=8, stop_ids=set())
     assert generate_greedy(gemma, prompts, **kw)[0] == generate_greedy(gemma, prompts, packed=False, **kw)[0]
