@@ -38,23 +38,31 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
     assert history.loss[-1] < history.loss[0]
 
 
-def test_fast_path_equals_naive_on_embedded_model(smollm):
+def _fast_and_naive(model):
+    """(naive loss, naive theta-grad, {path: (fast loss, fast theta-grad)}) on three real prompts, random theta."""
     from site_lens import build_task_embedding
     from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
 
-    t = build_task_embedding(smollm, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
-    ex = make_examples(smollm, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])
-    tr = AlphaTrainer(smollm, t)
+    t = build_task_embedding(model, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
+    ex = make_examples(model, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])
+    tr = AlphaTrainer(model, t)
     with torch.no_grad():
         tr.gate.theta.normal_(generator=torch.Generator().manual_seed(0))
     ln = tr.loss_naive(ex)
     (gn,) = torch.autograd.grad(ln, tr.gate.theta)
     runner = tr.runner()
-    assert runner is not None  # SmolLM2 runs on the packed last-token path
-    for cache in (_PrefixCache(smollm, ex), _PrefixCache(smollm, ex, runner=runner)):  # hooked, packed
+    assert runner is not None  # both embedded models run on the packed last-token path
+    fast = {}
+    for name, cache in (("hooked", _PrefixCache(model, ex)), ("packed", _PrefixCache(model, ex, runner=runner))):
         lf = tr.loss_fast(ex, cache, range(len(ex)))
-        (gf,) = torch.autograd.grad(lf, tr.gate.theta)
-        assert abs(lf.item() - ln.item()) < 1e-5
+        fast[name] = (lf.item(), torch.autograd.grad(lf, tr.gate.theta)[0])
+    return ln.item(), gn, fast
+
+
+def test_fast_path_equals_naive_on_embedded_model(smollm):
+    ln, gn, fast = _fast_and_naive(smollm)
+    for lf, gf in fast.values():
+        assert abs(lf - ln) < 1e-5
         assert torch.allclose(gf, gn, atol=1e-5)
 
 
@@ -74,27 +82,18 @@ def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
 
 def test_gemma3_packed_paths_equal_hooked():
     """Gemma 3 270M (the second embedded family): packed training loss/grad and decoding equal the hooked model."""
-    from site_lens import build_task_embedding, load_model
+    from site_lens import load_model
     from site_lens.inject import encode, generate_greedy
-    from site_lens.lasttoken import unsupported
-    from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
 
     gemma = load_model("gemma-3-270m")
-    assert unsupported(gemma) is None
-    t = build_task_embedding(gemma, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
-    ex = make_examples(gemma, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])
-    tr = AlphaTrainer(gemma, t)
-    with torch.no_grad():
-        tr.gate.theta.normal_(generator=torch.Generator().manual_seed(0))
-    ln = tr.loss_naive(ex)
-    (gn,) = torch.autograd.grad(ln, tr.gate.theta)
-    lf = tr.loss_fast(ex, _PrefixCache(gemma, ex, runner=tr.runner()), range(len(ex)))
-    (gf,) = torch.autograd.grad(lf, tr.gate.theta)
-    assert abs(lf.item() - ln.item()) < 1e-5
+    ln, gn, fast = _fast_and_naive(gemma)
+    for lf, _ in fast.values():
+        assert abs(lf - ln) < 1e-5
+    assert torch.allclose(fast["hooked"][1], gn, atol=1e-5)
     # The packed unembedding (input-major, faster) sums in another order than TransformerLens's
     # F.linear; over Gemma's 262k-token vocabulary that moves the gradient by ~1e-5 of ~0.4
     # (3e-5 relative), against 7e-7 for the hooked fast path, which uses the same kernels.
-    assert (gf - gn).abs().max() < 1e-4 * gn.abs().max()
+    assert (fast["packed"][1] - gn).abs().max() < 1e-4 * gn.abs().max()
     prompts = encode(gemma, ["Q: hot\nA:", "Q: up\nA: down\n\nQ: big\nA: small\n\nQ: wide\nA:", "Q: cat\nA:"])
     kw = dict(max_new_tokens=8, stop_ids=set())
     assert generate_greedy(gemma, prompts, **kw)[0] == generate_greedy(gemma, prompts, packed=False, **kw)[0]
