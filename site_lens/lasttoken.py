@@ -230,9 +230,8 @@ class LastToken:
         gates). ``resid_edits[l]`` maps the token's (batch, d_model) residual at the input of
         layer l, as a hook on ``blocks.{l}.hook_resid_pre`` at that position would (FV, TV).
         """
-        H, KV, D = self.n_heads, self.n_kv, self.d_head
+        H, D = self.n_heads, self.d_head
         B, P = tokens.shape[0], prefix.length
-        group = H // KV
         edits = resid_edits or {}
         if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != B:
             raise ValueError(f"alpha has {alpha.shape[0]} rows for {B} tokens")
@@ -242,13 +241,7 @@ class LastToken:
         for i, w in enumerate(self.layers):
             if i in edits:
                 resid = edits[i](resid)
-            x = _rms(resid, w["ln1"], w["eps1"])
-            qkv = x @ w["w_qkv"] + w["b_qkv"]  # (batch, (h + 2 kv) d_head)
-            cos, sin = w["cos"][P], w["sin"][P]  # rotary at position P
-            q = _maybe_rms(qkv[:, : H * D].view(B, KV, group, D), w["q_norm"])  # (batch, kv, group, d_head)
-            k = _maybe_rms(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), w["k_norm"])  # (batch, kv, 1, d_head)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
+            q, k, v = self._qkv(resid, w, w["cos"][P], w["sin"][P])  # rotary at position P
             scores = torch.cat(
                 (q @ prefix.keys[i].transpose(-1, -2), (q * k).sum(-1, keepdim=True)), -1
             )  # (batch, kv, group, P + 1): the prefix, then the token itself
@@ -264,6 +257,16 @@ class LastToken:
             resid = resid + self._mlp(resid, w)
         x = _rms(resid, self.w_final, self.eps_final)
         return x @ self.unembed + self.b_U
+
+    def _qkv(self, resid: Tensor, w: dict, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The token's q (batch, kv, group, d_head), k and v (batch, kv, 1, d_head); q and k normed and rotated."""
+        H, KV, D = self.n_heads, self.n_kv, self.d_head
+        B = resid.shape[0]
+        qkv = _rms(resid, w["ln1"], w["eps1"]) @ w["w_qkv"] + w["b_qkv"]  # (batch, (h + 2 kv) d_head)
+        q = _maybe_rms(qkv[:, : H * D].view(B, KV, H // KV, D), w["q_norm"])
+        k = _maybe_rms(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), w["k_norm"])
+        v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
     def _mlp(self, resid: Tensor, w: dict) -> Tensor:
         x = _rms(resid, w["ln2"], w["eps2"])
@@ -299,21 +302,15 @@ class LastToken:
     @torch.no_grad()
     def decode(self, tokens: Int[Tensor, " batch"], cache: DecodeCache) -> Float[Tensor, "batch d_vocab"]:
         """Logits after one more token per row; its keys and values are written into ``cache``."""
-        H, KV, D = self.n_heads, self.n_kv, self.d_head
+        H, D = self.n_heads, self.d_head
         B, n = tokens.shape[0], cache.used
         if n >= cache.valid.shape[1]:
             raise ValueError("DecodeCache is full")
-        group = H // KV
         blocked = ~cache.valid[:, None, None, :n]  # (batch, 1, 1, n)
         resid = self.model.W_E[tokens]  # (batch, d_model)
         for i, w in enumerate(self.layers):
-            x = _rms(resid, w["ln1"], w["eps1"])
-            qkv = x @ w["w_qkv"] + w["b_qkv"]
             cos, sin = w["cos"][cache.pos][:, None, None], w["sin"][cache.pos][:, None, None]  # (batch, 1, 1, rot)
-            q = _maybe_rms(qkv[:, : H * D].view(B, KV, group, D), w["q_norm"])
-            k = _maybe_rms(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), w["k_norm"])
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
+            q, k, v = self._qkv(resid, w, cos, sin)
             keys, values = cache.keys[i], cache.values[i]
             keys[:, :, n : n + 1] = k
             values[:, :, n : n + 1] = v
