@@ -1,4 +1,4 @@
-"""Stage-2 fast path: the last prompt token through a Llama-style model, against frozen prefix keys/values.
+"""The speed path: one token through a Llama-style or Gemma 3 model from packed weights, against cached keys/values.
 
 SITE's training loss needs one thing per prompt: the logits at the last prompt
 token, with every layer's ``hook_z`` gated there. Every earlier position is
@@ -23,7 +23,10 @@ concatenated, each matrix in the layout whose one-row products, forward
 and backward together, measured fastest with MKL on this CPU: input-major
 (d_in, d_out) for Q/K/V, W_O, gate/up and the unembedding, output-major for
 the MLP's down projection (BENCHMARKS.md).
-Tests hold it to the hooked model to 1e-5 (tests/test_lasttoken.py).
+``LastToken.decode`` is the same step for greedy generation: one new token
+per row against a preallocated buffer of rotated keys and values, taken over
+from TransformerLens's cache after the (hooked) prefill.
+Tests hold both to the hooked model to 1e-5 (tests/test_lasttoken.py).
 
 It covers Llama-style blocks (SmolLM2) and Gemma 3's additions (per-head
 Q/K RMSNorm, RMSNorm of each sublayer's output, sliding-window layers).
