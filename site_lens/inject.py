@@ -190,7 +190,7 @@ def generate_greedy(
     rotary positions and masks the pads, so batching does not change results.
     With the cache, steps after the first run from packed weights
     (``lasttoken.LastToken.decode``) when ``packed`` and the model allows it
-    (Llama-style, no hooks attached during decoding); otherwise through the
+    (Llama-style or Gemma 3, no hooks attached while decoding); otherwise through the
     hooked model. Tests check all three paths give the same tokens.
     """
     check_context(model, [len(p) for p in prompts], max_new_tokens)

@@ -149,18 +149,25 @@ def gated_prefix_loss(
     examples: Sequence[Example],
     cache: _PrefixCache,
     indices: Sequence[int],
-    alpha: Float[Tensor, "layer head_index"],
-    t: Float[Tensor, "layer head_index d_head"],
+    alpha: Float[Tensor, "layer head_index"] | None,
+    t: Float[Tensor, "layer head_index d_head"] | None,
+    resid_edits: dict | None = None,
 ) -> Tensor:
-    """Mean first-token CE of ``examples[indices]`` with z gated toward t at the last token, against cached prefixes."""
+    """Mean first-token CE of ``examples[indices]`` with z gated toward t at the last token, against cached prefixes.
+
+    ``resid_edits`` (packed prefixes only; see ``LastToken.logits``) changes the last token's residual
+    at a layer's input instead of, or as well as, the gate.
+    """
     total = torch.zeros((), device=model.cfg.device)
     device = model.cfg.device
     for _, idx, kv in cache.batch(indices):
         last_tok = torch.tensor([[examples[i].tokens[-1]] for i in idx], device=device)
         if isinstance(kv, Prefix):
             assert cache.runner is not None
-            logits = cache.runner.logits(last_tok[:, 0], kv, alpha, t)
+            logits = cache.runner.logits(last_tok[:, 0], kv, alpha, t, resid_edits=resid_edits)
         else:
+            if resid_edits or alpha is None or t is None:
+                raise ValueError("residual edits and a missing gate need packed prefixes (a LastToken runner)")
             zero = torch.zeros(len(idx), dtype=torch.long, device=device)
             logits = last_logits(
                 model,

@@ -37,7 +37,7 @@ from ..config import EmbeddingConfig, EvalConfig
 from ..embeddings import build_task_embedding
 from ..inject import HookFactory, Hooks, answer_ids, encode, generate_greedy, last_logits, pad_id, pad_right
 from ..metrics import score
-from ..selection import Example, _PrefixCache, make_examples, packed_runner
+from ..selection import Example, _PrefixCache, gated_prefix_loss, make_examples, packed_runner
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 
 log = logging.getLogger(__name__)
@@ -268,13 +268,8 @@ def choose_layer(
             assert edit is not None
             cache = _PrefixCache(model, valid, runner=runner)
             for layer in layers:
-                total = 0.0
-                for _, idx, prefix in cache.batch(range(len(valid))):
-                    last = torch.tensor([valid[i].tokens[-1] for i in idx], device=model.cfg.device)
-                    logits = runner.logits(last, prefix, None, None, resid_edits={layer: edit(layer)})
-                    target = torch.tensor([valid[i].target for i in idx], device=logits.device)
-                    total += float(F.cross_entropy(logits.float(), target, reduction="sum"))
-                losses.append(total / len(valid))
+                loss = gated_prefix_loss(model, valid, cache, range(len(valid)), None, None, {layer: edit(layer)})
+                losses.append(float(loss))
         else:
             for layer in layers:
                 losses.append(float(first_token_loss(model, valid, prefill=factory(layer))))
