@@ -17,6 +17,7 @@ Usage: .venv/bin/python benchmarks/bench_speed.py [--data ../shared/datasets/fv]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 import site_lens as sl
+from site_lens import kernels
 from site_lens.cie import _cie_hooked, _cie_packed, _prompts_and_targets
 from site_lens.inject import encode, generate_greedy, injection_hooks
 from site_lens.lasttoken import LastToken
@@ -63,6 +65,13 @@ def machine_limits(reps: int = 10) -> dict:
     gemv_bw = W.numel() * 4 / med(ts)
     Wt, xt = W.view(4096, 16384), torch.randn(1, 4096)  # input-major (d_in, d_out), as lasttoken packs
     ts = [timed(lambda: xt @ Wt)[0] for _ in range(reps)]
+    kernel = {}
+    if kernels.available():
+        kernels.row_matmul(xt, Wt)
+        ts_k = [timed(lambda: kernels.row_matmul(xt, Wt))[0] for _ in range(reps)]
+        g = torch.randn(1, 16384)
+        ts_kt = [timed(lambda: kernels.load().row_times_t(g, Wt, torch.get_num_threads()))[0] for _ in range(reps)]
+        kernel = {"row_kernel_bytes_per_s": Wt.numel() * 4 / med(ts_k), "row_kernel_t_bytes_per_s": Wt.numel() * 4 / med(ts_kt)}
     big = torch.randn(64_000_000)
     ts_sum = [timed(lambda: big.sum())[0] for _ in range(reps)]
     return {
@@ -71,6 +80,7 @@ def machine_limits(reps: int = 10) -> dict:
         "gemv_input_major_bytes_per_s": W.numel() * 4 / med(ts),
         "stream_sum_bytes_per_s": big.numel() * 4 / med(ts_sum),
         "threads": torch.get_num_threads(),
+        **kernel,
     }
 
 
@@ -119,15 +129,18 @@ def main() -> None:
     ex = make_examples(model, zero_shot_prompts(task.train[: args.reps + 5]))
     tr = AlphaTrainer(model, t)
     caches = {"hooked": _PrefixCache(model, ex), "packed": _PrefixCache(model, ex, runner=LastToken(model))}
+    with kernels.disabled():  # the packed path with MKL's products instead of the row kernel
+        caches["packed_mkl"] = _PrefixCache(model, ex, runner=LastToken(model))
     opt = torch.optim.Adam(tr.gate.parameters(), lr=0.2)
 
     def step(i, how):
         opt.zero_grad(set_to_none=True)
-        loss = tr.loss_naive([ex[i]]) if how == "naive" else tr.loss_fast(ex, caches[how], [i])
-        loss.backward()
+        with kernels.disabled() if how == "packed_mkl" else contextlib.nullcontext():
+            loss = tr.loss_naive([ex[i]]) if how == "naive" else tr.loss_fast(ex, caches[how], [i])
+            loss.backward()
         opt.step()
 
-    hows = ("naive", "hooked", "packed")
+    hows = ("naive", "hooked", "packed_mkl", "packed")
     for i in range(3):
         for how in hows:
             step(i, how)
@@ -143,6 +156,9 @@ def main() -> None:
         "fast_median": 1e3 * fm,
         "naive_over_fast": med(times["naive"]) / fm,
         "hooked_over_packed": med(times["hooked"]) / fm,
+        "packed_mkl_median": 1e3 * med(times["packed_mkl"]),
+        "packed_mkl_over_packed": med(times["packed_mkl"]) / fm,
+        "row_kernel": kernels.available(),
         "prompt_tokens_median": med([len(e.tokens) for e in ex]),
         "fast_gflops": flops / fm / 1e9,
         "fast_weight_gb_per_s": nbytes / fm / 1e9,

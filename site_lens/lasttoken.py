@@ -41,11 +41,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+from .kernels import available as kernels_available
+from .kernels import rms_norm, row_matmul
 
 
 def unsupported(model: HookedTransformer) -> str | None:
@@ -148,12 +152,14 @@ class LastToken:
         self.n_heads, self.d_head, self.d_mlp = c.n_heads, c.d_head, c.d_mlp
         self.n_kv = c.n_key_value_heads or c.n_heads
         self.rotary_dim = c.rotary_dim or c.d_head
+        self.rows = kernels_available()  # one-row products from the C++ kernel: every matrix input-major
         with torch.inference_mode(False):  # packed copies must be usable under autograd later
             self.layers = [self._pack(b) for b in model.blocks]
             self.unembed = model.unembed.W_U.contiguous()  # (d_model, d_vocab), input-major (see _pack)
         self.w_final = model.ln_final.w
         self.eps_final = model.ln_final.eps
-        self.b_U = model.unembed.b_U
+        self.b_U = _nonzero(model.unembed.b_U)
+        self._rotations: dict[tuple[int, int], Tensor] = {}  # (cos table, position) -> (d_head, d_head)
 
     def _pack(self, block) -> dict:
         a, mlp = block.attn, block.mlp
@@ -166,21 +172,21 @@ class LastToken:
         b_k = a._b_K if hasattr(a, "_b_K") else a.b_K
         b_v = a._b_V if hasattr(a, "_b_V") else a.b_V
         return dict(
-            ln1=block.ln1.w,
+            # the pre-norms' weights are folded into the matrices after them: rms(x) * w @ W = rms(x) @ (w[:, None] W)
             eps1=block.ln1.eps,
-            w_qkv=torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1).contiguous(),  # (d_model, (h + 2 kv) d_head)
-            b_qkv=torch.cat([a.b_Q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)]),
+            w_qkv=block.ln1.w[:, None] * torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1),  # (d_model, (h + 2 kv) d_head)
+            b_qkv=_nonzero(torch.cat([a.b_Q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)])),
             w_o=a.W_O.reshape(-1, a.W_O.shape[-1]).contiguous(),  # (head d_head, d_model)
-            b_o=a.b_O,
+            b_o=_nonzero(a.b_O),
             scale=float(a.attn_scale),
             cos=a.rotary_cos,
             sin=a.rotary_sin,
-            ln2=block.ln2.w,
             eps2=block.ln2.eps,
-            w_gate_in=torch.cat([mlp.W_gate, mlp.W_in], 1).contiguous(),  # (d_model, 2 d_mlp)
-            b_in=mlp.b_in,
-            w_out_t=mlp.W_out.T.contiguous(),  # (d_model, d_mlp): output-major, used by F.linear
-            b_out=mlp.b_out,
+            w_gate_in=block.ln2.w[:, None] * torch.cat([mlp.W_gate, mlp.W_in], 1),  # (d_model, 2 d_mlp)
+            b_in=_nonzero(mlp.b_in),
+            # (d_mlp, d_model) input-major for the row kernel; else output-major (d_model, d_mlp) for F.linear
+            w_out=mlp.W_out.contiguous() if self.rows else mlp.W_out.T.contiguous(),
+            b_out=_nonzero(mlp.b_out),
             act=mlp.act_fn,
             # Gemma 3: per-head RMSNorm of q and k, RMSNorm of each sublayer's output, sliding window
             q_norm=_norm(getattr(a, "q_norm", None)),
@@ -241,40 +247,72 @@ class LastToken:
         if prefix.keys[0].shape[0] not in (1, B):
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} tokens")
         resid = self.model.W_E[tokens]  # (batch, d_model)
+        own = prefix.keys[0].shape[0] == B  # each row has its own prefix (training); else one shared prefix
+        gated = alpha is not None and t is not None
+        if gated:  # per-layer views, split once: one backward op instead of one per layer
+            alphas, ts = alpha.unsqueeze(-1).unbind(-3), t.unbind(0)  # (*rows, head, 1), (head, d_head) per layer
         for i, w in enumerate(self.layers):
             if i in edits:
                 resid = edits[i](resid)
-            q, k, v = self._qkv(resid, w, w["cos"][P], w["sin"][P])  # rotary at position P
-            scores = torch.cat(
-                (q @ prefix.keys[i].transpose(-1, -2), (q * k).sum(-1, keepdim=True)), -1
-            )  # (batch, kv, group, P + 1): the prefix, then the token itself
-            if w["window"] is not None and P - w["window"] >= 0:  # local layer: keys at positions <= P - window
-                scores[..., : P - w["window"] + 1] = float("-inf")
-            pattern = (scores / w["scale"]).softmax(-1)
-            z = pattern[..., :P] @ prefix.values[i] + pattern[..., P:] * v  # (batch, kv, group, d_head)
-            z = z.reshape(B, H, D)
-            if alpha is not None and t is not None:
-                a = alpha[..., i, :, None]  # (head, 1) or (batch, head, 1)
-                z = (1 - a) * z + a * t[i]  # SITE's gate, as inject.gate_hook
-            resid = resid + _maybe_rms(z.reshape(B, H * D) @ w["w_o"] + w["b_o"], w["ln1_post"])
+            q, k, v = self._qkv(resid, w, rotation=self._rotation(w, P))  # rotary at position P
+            local = w["window"] is not None and P - w["window"] >= 0  # keys at positions <= P - window hidden
+            if own:
+                # the G query heads of a K/V group act as G query positions over the P + 1 keys: one fused op
+                keys, values = torch.cat((prefix.keys[i], k), 2), torch.cat((prefix.values[i], v), 2)
+                mask = self._window_mask(P, w["window"]) if local else None
+                z = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0 / w["scale"])
+            else:  # one prefix for every row: attend over it without copying it per row
+                scores = torch.cat((q @ prefix.keys[i].transpose(-1, -2), (q * k).sum(-1, keepdim=True)), -1)
+                if local:
+                    scores[..., : P - w["window"] + 1] = float("-inf")
+                pattern = (scores / w["scale"]).softmax(-1)  # (batch, kv, group, P + 1)
+                z = pattern[..., :P] @ prefix.values[i] + pattern[..., P:] * v
+            z = z.reshape(B, H, D)  # (batch, head, d_head)
+            if gated:
+                z = torch.lerp(z, ts[i], alphas[i])  # (1 - a) z + a t: SITE's gate, as inject.gate_hook
+            resid = resid + _maybe_rms(_bias(row_matmul(z.reshape(B, H * D), w["w_o"]), w["b_o"]), w["ln1_post"])
             resid = resid + self._mlp(resid, w)
         x = _rms(resid, self.w_final, self.eps_final)
-        return x @ self.unembed + self.b_U
+        return _bias(row_matmul(x, self.unembed), self.b_U)
 
-    def _qkv(self, resid: Tensor, w: dict, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The token's q (batch, kv, group, d_head), k and v (batch, kv, 1, d_head); q and k normed and rotated."""
+    def _rotation(self, w: dict, pos: int) -> Tensor:
+        """The rotary embedding at one position as a (d_head, d_head) matrix: ``x @ R == _rotate(x)``."""
+        key = (id(w["cos"]), pos)
+        rot = self._rotations.get(key)
+        if rot is None:
+            with torch.inference_mode(False), torch.no_grad():  # usable under autograd later
+                eye = torch.eye(self.d_head, dtype=w["cos"].dtype, device=w["cos"].device)
+                rot = self._rotations[key] = self._rotate(eye, w["cos"][pos], w["sin"][pos])
+        return rot
+
+    @staticmethod
+    def _window_mask(pos: int, window: int) -> Tensor:
+        """Which of the P + 1 keys a local layer's token at ``pos`` sees: those after position pos - window."""
+        return (torch.arange(pos + 1) > pos - window)[None]  # (1, P + 1), broadcast over rows and heads
+
+    def _qkv(
+        self, resid: Tensor, w: dict, cos: Tensor | None = None, sin: Tensor | None = None, rotation: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The token's q (batch, kv, group, d_head), k and v (batch, kv, 1, d_head); q and k normed and rotated.
+
+        Rotary comes from ``rotation`` (one position for every row, see ``_rotation``) or from ``cos``/``sin``.
+        """
         H, KV, D = self.n_heads, self.n_kv, self.d_head
         B = resid.shape[0]
-        qkv = _rms(resid, w["ln1"], w["eps1"]) @ w["w_qkv"] + w["b_qkv"]  # (batch, (h + 2 kv) d_head)
-        q = _maybe_rms(qkv[:, : H * D].view(B, KV, H // KV, D), w["q_norm"])
-        k = _maybe_rms(qkv[:, H * D : (H + KV) * D].view(B, KV, 1, D), w["k_norm"])
-        v = qkv[:, (H + KV) * D :].view(B, KV, 1, D)
+        qkv = _bias(row_matmul(_rms(resid, None, w["eps1"]), w["w_qkv"]), w["b_qkv"])  # (batch, (h + 2 kv) d_head)
+        q, k, v = qkv.split((H * D, KV * D, KV * D), -1)
+        q = _maybe_rms(q.view(B, KV, H // KV, D), w["q_norm"])
+        k = _maybe_rms(k.view(B, KV, 1, D), w["k_norm"])
+        v = v.view(B, KV, 1, D)
+        if rotation is not None:
+            return q @ rotation, k @ rotation, v
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
     def _mlp(self, resid: Tensor, w: dict) -> Tensor:
-        x = _rms(resid, w["ln2"], w["eps2"])
-        gate, up = (x @ w["w_gate_in"]).split(self.d_mlp, -1)
-        down = torch.nn.functional.linear(w["act"](gate) * up + w["b_in"], w["w_out_t"], w["b_out"])
+        x = _rms(resid, None, w["eps2"])
+        gate, up = row_matmul(x, w["w_gate_in"]).split(self.d_mlp, -1)
+        h = _bias(w["act"](gate) * up, w["b_in"])
+        down = _bias(row_matmul(h, w["w_out"]), w["b_out"]) if self.rows else F.linear(h, w["w_out"], w["b_out"])
         return _maybe_rms(down, w["ln2_post"])
 
 
@@ -322,13 +360,13 @@ class LastToken:
             if w["window"] is not None and n - w["window"] >= 0:  # local layer: slots <= n - window, as TransformerLens
                 scores[..., : n - w["window"] + 1] = float("-inf")
             z = (scores.softmax(-1) @ values[:, :, : n + 1]).reshape(B, H * D)
-            resid = resid + _maybe_rms(z @ w["w_o"] + w["b_o"], w["ln1_post"])
+            resid = resid + _maybe_rms(_bias(row_matmul(z, w["w_o"]), w["b_o"]), w["ln1_post"])
             resid = resid + self._mlp(resid, w)
         cache.valid[:, n] = True
         cache.used = n + 1
         cache.pos = cache.pos + 1
         x = _rms(resid, self.w_final, self.eps_final)
-        return x @ self.unembed + self.b_U
+        return _bias(row_matmul(x, self.unembed), self.b_U)
 
 
 def _norm(module) -> tuple[Tensor, float] | None:
@@ -339,5 +377,15 @@ def _maybe_rms(x: Tensor, norm: tuple[Tensor, float] | None) -> Tensor:
     return x if norm is None else _rms(x, *norm)
 
 
-def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w
+def _rms(x: Tensor, w: Tensor | None, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * w, as TransformerLens's RMSNorm (w None: folded into the next matrix)."""
+    return rms_norm(x, eps) if w is None else F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _nonzero(b: Tensor | None) -> Tensor | None:
+    """A bias, or None where it is all zeros (Llama-style models): one op less per use, forward and backward."""
+    return None if b is None or not bool(b.detach().any()) else b
+
+
+def _bias(x: Tensor, b: Tensor | None) -> Tensor:
+    return x if b is None else x + b

@@ -1,8 +1,11 @@
 """The packed last-token path equals the hooked model, and the trainer falls back where it cannot run."""
 
+import contextlib
+
 import pytest
 import torch
 
+from site_lens import kernels
 from site_lens.config import SelectionConfig
 from site_lens.inject import injection_hooks, last_logits
 from site_lens.lasttoken import LastToken, unsupported
@@ -236,3 +239,34 @@ def test_runner_built_under_inference_mode_still_trains(model):
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     gate = AlphaTrainer(model, t, SelectionConfig(steps=2, eval_every=0)).fit(_examples(model))
     assert torch.isfinite(gate.theta).all()
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_one_row_logits_and_gate_gradient_equal_hooked_model(variant, use_kernels):
+    """Batch 1, as SITE trains: the C++ row kernels (where built) or torch's, fused attention, folded norm weights."""
+    with contextlib.nullcontext() if use_kernels else kernels.disabled():
+        _one_row_equals_hooked(variant)
+
+
+def _one_row_equals_hooked(variant):
+    model = _tiny(**VARIANTS[variant])
+    if variant == "biases":
+        _randomise_biases(model)
+    if variant == "gemma3-like":
+        _randomise_norms(model)
+    runner = LastToken(model)
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    tokens = torch.tensor([[5, 9, 17, 3, 22, 40, 7]])  # past the gemma3-like window of 4
+    target = torch.tensor([11])
+    prefix = runner.prefix(tokens[:, :-1])
+    theta = torch.randn(c.n_layers, c.n_heads, requires_grad=True)
+    got = runner.logits(tokens[:, -1], prefix, theta.sigmoid(), t)
+    (g_got,) = torch.autograd.grad(torch.nn.functional.cross_entropy(got, target), theta)
+    last = torch.tensor([tokens.shape[1] - 1])
+    want = last_logits(model, tokens, last, hooks=injection_hooks(model, t, theta.sigmoid(), last))
+    (g_want,) = torch.autograd.grad(torch.nn.functional.cross_entropy(want, target), theta)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert torch.allclose(g_got, g_want, atol=1e-5), (g_got - g_want).abs().max()
+    assert g_got.abs().sum() > 0

@@ -1,0 +1,84 @@
+"""The C++ kernels (one-row products, weightless RMSNorm) equal torch, forward and backward, and can be switched off."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from site_lens import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler/ninja: kernels fall back to torch")
+
+# (K, N): tiny, not a multiple of the 8-row unroll, and large enough for the multi-threaded path
+SHAPES = [(3, 5), (13, 7), (576, 960), (1539, 576), (64, 3000)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_row_matmul_equals_torch_forward_and_backward(shape, threads):
+    K, N = shape
+    w = torch.randn(K, N)
+    x = torch.randn(1, K, requires_grad=True)
+    g = torch.randn(1, N)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernels.row_matmul(x, w)
+        (gx,) = torch.autograd.grad(y, x, g)
+    finally:
+        torch.set_num_threads(old)
+    x_ref = x.detach().clone().requires_grad_()
+    y_ref = x_ref @ w
+    (gx_ref,) = torch.autograd.grad(y_ref, x_ref, g)
+    assert y.shape == y_ref.shape and gx.shape == gx_ref.shape
+    assert torch.allclose(y, y_ref, rtol=1e-5, atol=1e-4), (y - y_ref).abs().max()
+    assert torch.allclose(gx, gx_ref, rtol=1e-5, atol=1e-4), (gx - gx_ref).abs().max()
+    assert "RowMatmul" in y.grad_fn.name()  # the kernel ran, not torch's matmul
+
+
+def test_row_matmul_weight_gradient_when_asked():
+    w = torch.randn(20, 30, requires_grad=True)
+    x = torch.randn(1, 20, requires_grad=True)
+    g = torch.randn(1, 30)
+    gx, gw = torch.autograd.grad(kernels.row_matmul(x, w), (x, w), g)
+    assert torch.allclose(gw, x.detach().T @ g, atol=1e-5)
+    assert torch.allclose(gx, g @ w.detach().T, atol=1e-5)
+
+
+def test_row_matmul_falls_back_for_what_the_kernel_does_not_take():
+    w = torch.randn(8, 6)
+    for x, ww in [
+        (torch.randn(3, 8), w),  # several rows: torch's matmul
+        (torch.randn(1, 8, dtype=torch.float64), w.double()),  # not float32
+        (torch.randn(1, 8), torch.randn(6, 8).T),  # a non-contiguous matrix
+    ]:
+        y = kernels.row_matmul(x, ww)
+        assert torch.allclose(y, x @ ww)
+        assert y.grad_fn is None  # nothing required grad; and it was not the kernel's node
+    with kernels.disabled():
+        assert kernels.row_matmul(torch.ones(1, 8), w).equal(torch.ones(1, 8) @ w)
+    assert kernels.available()  # restored after the block
+
+
+def test_kernel_rejects_bad_shapes_with_a_clear_error():
+    ext = kernels.load()
+    with pytest.raises(RuntimeError, match="shape"):
+        ext.row_times(torch.randn(1, 7), torch.randn(8, 6), 1)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        ext.row_times(torch.randn(1, 8), torch.randn(8, 6, dtype=torch.float64), 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rms_norm_equals_torch_forward_and_backward(dtype):
+    x = (torch.randn(3, 2, 50, dtype=dtype) * 3).requires_grad_()
+    g = torch.randn(3, 2, 50, dtype=dtype)
+    y = kernels.rms_norm(x, 1e-6)
+    (gx,) = torch.autograd.grad(y, x, g)
+    x_ref = x.detach().clone().requires_grad_()
+    y_ref = x_ref / (x_ref.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()  # TransformerLens's RMSNorm, w = 1
+    (gx_ref,) = torch.autograd.grad(y_ref, x_ref, g)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.allclose(y, y_ref, atol=tol) and torch.allclose(gx, gx_ref, atol=tol)
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda v: kernels.rms_norm(v, 1e-6), (x[:1, :1, :6].detach().requires_grad_(),))
+    with kernels.disabled():
+        assert torch.allclose(kernels.rms_norm(x, 1e-6), F.rms_norm(x, (50,), None, 1e-6))
