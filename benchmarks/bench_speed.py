@@ -179,11 +179,14 @@ def main() -> None:
     g_ex = make_examples(gemma, zero_shot_prompts(task.train[:12]))
     g_tr = AlphaTrainer(gemma, g_t)
     g_caches = {"hooked": _PrefixCache(gemma, g_ex), "packed": _PrefixCache(gemma, g_ex, runner=LastToken(gemma))}
+    with kernels.disabled():
+        g_caches["packed_mkl"] = _PrefixCache(gemma, g_ex, runner=LastToken(gemma))
 
     def g_step(i, how):
         g_tr.gate.theta.grad = None
-        loss = g_tr.loss_naive([g_ex[i]]) if how == "naive" else g_tr.loss_fast(g_ex, g_caches[how], [i])
-        loss.backward()
+        with kernels.disabled() if how == "packed_mkl" else contextlib.nullcontext():
+            loss = g_tr.loss_naive([g_ex[i]]) if how == "naive" else g_tr.loss_fast(g_ex, g_caches[how], [i])
+            loss.backward()
 
     g_times: dict[str, list[float]] = {h: [] for h in hows}
     for i in range(12):

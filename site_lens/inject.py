@@ -230,28 +230,45 @@ def _generate_cached(model, batch, max_new, prefill_hooks, stop, packed=True):
     done = torch.zeros(len(batch), dtype=torch.bool)
     ones = torch.ones((len(batch), 1), dtype=torch.long, device=device)
     zero = torch.zeros(len(batch), dtype=torch.long, device=device)
-    decoder = _packed_decoder(model, cache, mask, max_new) if packed and max_new > 1 else None
+    decoder = _PackedDecoder.start(model, cache, mask, max_new) if packed and max_new > 1 else None
+    nxt = logits.argmax(-1)  # (batch,)
     for step in range(max_new):
-        nxt = logits.argmax(-1)
         _finish(gen, nxt, done, stop)
         if bool(done.all()) or step == max_new - 1:
             break
         if decoder is not None:
-            logits = decoder(nxt)
+            nxt = decoder.step(nxt, done)
         else:
-            logits = last_logits(model, nxt[:, None], zero, attention_mask=ones, past_kv_cache=cache)
+            nxt = last_logits(model, nxt[:, None], zero, attention_mask=ones, past_kv_cache=cache).argmax(-1)
     return gen, logits0
 
 
-def _packed_decoder(model, cache, mask, max_new):
-    """Decode steps from packed weights (``lasttoken``) for models it runs and with no hooks attached."""
-    from .lasttoken import LastToken, unsupported
+class _PackedDecoder:
+    """Decode steps from packed weights (``lasttoken``), dropping finished rows from the batch as it goes."""
 
-    if unsupported(model) is not None:
-        return None
-    runner = LastToken.for_model(model)
-    state = runner.decode_cache(cache, mask, max_new)
-    return lambda nxt: runner.decode(nxt, state)
+    @classmethod
+    def start(cls, model, cache, mask, max_new):
+        """A decoder for models ``lasttoken`` runs, with no hooks attached; else None (hooked decoding)."""
+        from .lasttoken import LastToken, unsupported
+
+        if unsupported(model) is not None:
+            return None
+        runner = LastToken.for_model(model)
+        return cls(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
+
+    def __init__(self, runner, state, batch: int):
+        self.runner, self.state = runner, state
+        self.live = torch.arange(batch)  # rows still decoded, in the order of state's rows
+
+    def step(self, nxt: Tensor, done: Tensor) -> Tensor:
+        """Next token of every row (finished rows keep theirs); compacts once a quarter of the live rows are done."""
+        running = ~done[self.live]
+        if int(running.sum()) <= 0.75 * len(self.live):  # their keys/values are copied out once; fewer rows per step
+            keep = running.nonzero()[:, 0]
+            self.state, self.live = self.state.select(keep.to(self.state.pos.device)), self.live[keep]
+        out = nxt.clone()
+        out[self.live] = self.runner.decode(nxt[self.live], self.state).argmax(-1)
+        return out
 
 
 

@@ -128,6 +128,16 @@ class DecodeCache:
     used: int  # slots filled so far
     pos: Tensor  # (batch,) rotary position of each row's next token
 
+    def select(self, rows: Int[Tensor, " rows"]) -> DecodeCache:
+        """The cache of only these rows (finished rows dropped from a generating batch); copies them once."""
+        return DecodeCache(
+            [k.index_select(0, rows) for k in self.keys],
+            [v.index_select(0, rows) for v in self.values],
+            self.valid.index_select(0, rows),
+            self.used,
+            self.pos.index_select(0, rows),
+        )
+
 
 class LastToken:
     """One-token forward of a supported model, with SITE's gate at that token (see module docstring)."""

@@ -270,3 +270,17 @@ def _one_row_equals_hooked(variant):
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert torch.allclose(g_got, g_want, atol=1e-5), (g_got - g_want).abs().max()
     assert g_got.abs().sum() > 0
+
+
+def test_packed_generation_drops_finished_rows_without_changing_any_row(model):
+    """Rows stopping at different steps: the packed decoder compacts its batch; every row's tokens stay the same."""
+    from site_lens.inject import generate_greedy
+
+    prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7], [40], [12, 13], [22, 23, 24, 25]]
+    free, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), packed=False)
+    stop = {free[0][1], free[1][3]}  # row 0 ends by step 2, row 1 by step 4; others when they meet these
+    want = [g[: next((k + 1 for k, tok in enumerate(g) if tok in stop), len(g))] for g in free]
+    assert len({len(g) for g in want}) > 1 and max(len(g) for g in want) == 10  # rows finish at different steps
+    for packed in (True, False):
+        got, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=stop, packed=packed)
+        assert got == want, packed
