@@ -310,6 +310,10 @@ class LastToken:
         H, KV, D = self.n_heads, self.n_kv, self.d_head
         B = resid.shape[0]
         qkv = _bias(row_matmul(_rms(resid, None, w["eps1"]), w["w_qkv"]), w["b_qkv"])  # (batch, (h + 2 kv) d_head)
+        if rotation is not None and w["q_norm"] is None and w["k_norm"] is None:  # q and k rotated in one product
+            qk, v = qkv.split(((H + KV) * D, KV * D), -1)
+            q, k = (qk.view(B, H + KV, D) @ rotation).split((H, KV), 1)
+            return q.reshape(B, KV, H // KV, D), k.reshape(B, KV, 1, D), v.view(B, KV, 1, D)
         q, k, v = qkv.split((H * D, KV * D, KV * D), -1)
         q = _maybe_rms(q.view(B, KV, H // KV, D), w["q_norm"])
         k = _maybe_rms(k.view(B, KV, 1, D), w["k_norm"])

@@ -9,6 +9,8 @@
 #include <torch/extension.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -115,19 +117,57 @@ struct RowMatmul : public torch::autograd::Function<RowMatmul> {
 };
 
 // y = x / sqrt(mean(x^2) + eps) over the last dim (no weight: lasttoken folds it into the next matrix).
-// Backward: gx = r * (g - y * mean(g * y)), r = 1 / sqrt(mean(x^2) + eps).
+// Backward: gx = r * (g - y * mean(g * y)), r = 1 / sqrt(mean(x^2) + eps). Plain loops for contiguous
+// float32 rows (one pass each way instead of five ATen ops); ATen ops for anything else.
 struct RmsNorm : public torch::autograd::Function<RmsNorm> {
+  static bool plain(const torch::Tensor& x) {
+    return x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu() && x.dim() >= 1;
+  }
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, double eps) {
-    auto r = (x.square().mean(-1, true) + eps).rsqrt();
-    auto y = x * r;
+    torch::Tensor y, r;
+    if (plain(x)) {
+      const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+      y = torch::empty_like(x);
+      auto rshape = x.sizes().vec();
+      rshape.back() = 1;
+      r = torch::empty(rshape, x.options());
+      const float* xp = x.data_ptr<float>();
+      float *yp = y.data_ptr<float>(), *rp = r.data_ptr<float>();
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* xi = xp + i * n;
+        float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < n; ++j) ss += xi[j] * xi[j];
+        const float ri = 1.f / std::sqrt(ss / n + static_cast<float>(eps));
+        rp[i] = ri;
+        for (int64_t j = 0; j < n; ++j) yp[i * n + j] = xi[j] * ri;
+      }
+    } else {
+      r = (x.square().mean(-1, true) + eps).rsqrt();
+      y = x * r;
+    }
     ctx->save_for_backward({y, r});
     return y;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto& y = saved[0];
-    const auto& g = grads[0];
-    return {saved[1] * (g - y * (g * y).mean(-1, true)), torch::Tensor()};
+    const auto& r = saved[1];
+    auto g = grads[0].contiguous();
+    if (!(plain(y) && plain(g))) return {r * (g - y * (g * y).mean(-1, true)), torch::Tensor()};
+    const int64_t n = y.size(-1), rows = y.numel() / std::max<int64_t>(n, 1);
+    auto gx = torch::empty_like(y);
+    const float *yp = y.data_ptr<float>(), *gp = g.data_ptr<float>(), *rp = r.data_ptr<float>();
+    float* op = gx.data_ptr<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+      const float *yi = yp + i * n, *gi = gp + i * n;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < n; ++j) dot += gi[j] * yi[j];
+      const float m = dot / n, ri = rp[i];
+      for (int64_t j = 0; j < n; ++j) op[i * n + j] = ri * (gi[j] - yi[j] * m);
+    }
+    return {gx, torch::Tensor()};
   }
 };
 
