@@ -70,6 +70,8 @@ def load():
         key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_key()).hexdigest()[:16]
         out = default_cache_dir() / "ext" / f"kernels-{key}"
         out.mkdir(parents=True, exist_ok=True)
+        if not any(out.glob("*.so")):
+            log.info("building the C++ kernels once (about 25 s) in %s", out)
         if shutil.which("ninja") is None:  # a pip-installed ninja lives next to the interpreter
             os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
         _state["ext"] = build(

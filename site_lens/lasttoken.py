@@ -8,8 +8,8 @@ layout attention wants. ``LastToken.logits`` then runs the one remaining token
 straight from the model's weights:
 
     resid = W_E[tok]
-    per layer:  q, k, v = rms(resid) @ W_QKV          (one gemv, rotary at position P)
-                z       = softmax(q . [K_prefix; k] / scale) @ [V_prefix; v]
+    per layer:  q, k, v = rms(resid) @ W_QKV          (one product; rotary at position P as a matrix)
+                z       = attention(q, [K_prefix; k], [V_prefix; v])   (one fused op)
                 z       = (1 - alpha) * z + alpha * t  (the gate of ``inject.gate_hook``)
                 resid  += z @ W_O
                 resid  += (act(rms(resid) @ W_gate) * (rms(resid) @ W_in)) @ W_out
@@ -18,11 +18,11 @@ straight from the model's weights:
 It is the hooked model's computation with ``injection_hooks`` at the last
 token, without hooks, TransformerLens's per-call reshapes and weight copies,
 or re-rotating the whole cache each call. Weights are packed once per
-``LastToken`` (kept on the model by ``for_model``), Q/K/V and gate/up
-concatenated, each matrix in the layout whose one-row products, forward
-and backward together, measured fastest with MKL on this CPU: input-major
-(d_in, d_out) for Q/K/V, W_O, gate/up and the unembedding, output-major for
-the MLP's down projection (BENCHMARKS.md).
+``LastToken`` (kept on the model by ``for_model``): Q/K/V and gate/up
+concatenated, the pre-norms' weights folded into the matrices after them,
+all-zero biases dropped, every matrix input-major (d_in, d_out) for the
+one-row C++ kernels of ``kernels.py`` (where they cannot be built, the down
+projection is kept output-major for ``F.linear``, which MKL runs faster).
 ``LastToken.decode`` is the same step for greedy generation: one new token
 per row against a preallocated buffer of rotated keys and values, taken over
 from TransformerLens's cache after the (hooked) prefill.
@@ -269,7 +269,7 @@ class LastToken:
             if own:
                 # the G query heads of a K/V group act as G query positions over the P + 1 keys: one fused op
                 keys, values = torch.cat((prefix.keys[i], k), 2), torch.cat((prefix.values[i], v), 2)
-                mask = self._window_mask(P, w["window"]) if local else None
+                mask = self._window_mask(P, w["window"], q.device) if local else None
                 z = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0 / w["scale"])
             else:  # one prefix for every row: attend over it without copying it per row
                 scores = torch.cat((q @ prefix.keys[i].transpose(-1, -2), (q * k).sum(-1, keepdim=True)), -1)
@@ -296,9 +296,9 @@ class LastToken:
         return rot
 
     @staticmethod
-    def _window_mask(pos: int, window: int) -> Tensor:
+    def _window_mask(pos: int, window: int, device: torch.device) -> Tensor:
         """Which of the P + 1 keys a local layer's token at ``pos`` sees: those after position pos - window."""
-        return (torch.arange(pos + 1) > pos - window)[None]  # (1, P + 1), broadcast over rows and heads
+        return (torch.arange(pos + 1, device=device) > pos - window)[None]  # (1, P + 1), broadcast over rows, heads
 
     def _qkv(
         self, resid: Tensor, w: dict, cos: Tensor | None = None, sin: Tensor | None = None, rotation: Tensor | None = None
