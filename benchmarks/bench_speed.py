@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--queries", type=int, default=20)
     ap.add_argument("--full-run", action="store_true", help="also time a full `site-lens run` (subprocess, peak RSS)")
+    ap.add_argument("--step-only", action="store_true", help="stop after the SmolLM2 training-step comparison (1.)")
     ap.add_argument("--out", default="benchmarks/results/speed.json")
     args = ap.parse_args()
     res: dict = {
@@ -172,6 +173,11 @@ def main() -> None:
     total = sum(e.self_cpu_time_total for e in ev)
     top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:6]
     res["train_step_profile"] = {e.key: round(e.self_cpu_time_total / total, 3) for e in top}
+    if args.step_only:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        print(json.dumps(res["train_step_ms"], indent=1))
+        return
 
     # 1b. the same three steps on the second embedded family, gemma-3-270m (fewer reps)
     gemma = sl.load_model("gemma-3-270m")
