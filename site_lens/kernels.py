@@ -15,7 +15,10 @@ The kernel is built once per source, torch version and CPU with
 ``SITE_LENS_KERNELS=0``, ``row_matmul`` is ``x @ W``, ``rms_norm`` torch's, and
 everything still runs.
 No weight gradients are computed by the kernel (the model is frozen); a
-weight that requires grad gets its gradient from torch.
+weight that requires grad gets its gradient from torch. Under
+``create_graph=True`` the backward passes use torch's ops, so higher
+derivatives stay correct. ``disabled()`` swaps a module-level switch: not
+for use from several threads at once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import os
 import platform
 import shutil
 import sys
+import sysconfig
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "kernels.cpp"
 ENV_SWITCH = "SITE_LENS_KERNELS"  # "0" turns the kernels off
+STALE_LOCK_S = 600  # a build lock older than this is left over from a killed build
 
 _state: dict = {"tried": False, "ext": None}
 
@@ -67,9 +73,13 @@ def load():
 
         from .models import default_cache_dir
 
-        key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_key()).hexdigest()[:16]
+        abi = (sys.version + str(sysconfig.get_config_var("EXT_SUFFIX"))).encode()
+        key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + abi + _cpu_key()).hexdigest()[:16]
         out = default_cache_dir() / "ext" / f"kernels-{key}"
         out.mkdir(parents=True, exist_ok=True)
+        lock = out / "lock"  # torch's build lock; a killed build leaves it behind and later builds would wait forever
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
         if not any(out.glob("*.so")):
             log.info("building the C++ kernels once (about 25 s) in %s", out)
         if shutil.which("ninja") is None:  # a pip-installed ninja lives next to the interpreter
@@ -104,12 +114,15 @@ def disabled():
         _state["ext"] = saved
 
 
-def row_matmul(x: Float[Tensor, "rows d_in"], w: Float[Tensor, "d_in d_out"]) -> Float[Tensor, "rows d_out"]:
+def row_matmul(x: Float[Tensor, "*rows d_in"], w: Float[Tensor, "d_in d_out"]) -> Float[Tensor, "*rows d_out"]:
     """``x @ w``; one float32 CPU row against a contiguous matrix runs the kernel, anything else torch's matmul."""
     ext = load()
     if (
         ext is not None
+        and x.dim() == 2
+        and w.dim() == 2
         and x.shape[0] == 1
+        and x.shape[1] == w.shape[0]
         and x.dtype == torch.float32
         and w.dtype == torch.float32
         and x.device.type == "cpu"

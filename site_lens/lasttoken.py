@@ -163,13 +163,20 @@ class LastToken:
         self.n_kv = c.n_key_value_heads or c.n_heads
         self.rotary_dim = c.rotary_dim or c.d_head
         self.rows = kernels_available()  # one-row products from the C++ kernel: every matrix input-major
-        with torch.inference_mode(False):  # packed copies must be usable under autograd later
+        # packed copies must be usable under autograd later, and never part of a graph themselves
+        with torch.inference_mode(False), torch.no_grad():
             self.layers = [self._pack(b) for b in model.blocks]
             self.unembed = model.unembed.W_U.contiguous()  # (d_model, d_vocab), input-major (see _pack)
         self.w_final = model.ln_final.w
         self.eps_final = model.ln_final.eps
         self.b_U = _nonzero(model.unembed.b_U)
-        self._rotations: dict[tuple[int, int], Tensor] = {}  # (cos table, position) -> (d_head, d_head)
+        self._rotations: dict[tuple[int, int], Tensor] = {}  # (rotary table, position) -> (d_head, d_head)
+        tables: list[tuple[Tensor, Tensor]] = []  # layers with equal cos/sin tables share rotation matrices
+        for w in self.layers:
+            same = [j for j, (c, s) in enumerate(tables) if torch.equal(c, w["cos"]) and torch.equal(s, w["sin"])]
+            if not same:
+                tables.append((w["cos"], w["sin"]))
+            w["table"] = same[0] if same else len(tables) - 1
 
     def _pack(self, block) -> dict:
         a, mlp = block.attn, block.mlp
@@ -259,8 +266,9 @@ class LastToken:
         resid = self.model.W_E[tokens]  # (batch, d_model)
         own = prefix.keys[0].shape[0] == B  # each row has its own prefix (training); else one shared prefix
         gated = alpha is not None and t is not None
-        if gated:  # per-layer views, split once: one backward op instead of one per layer
-            alphas, ts = alpha.unsqueeze(-1).unbind(-3), t.unbind(0)  # (*rows, head, 1), (head, d_head) per layer
+        if gated:  # per-layer views, split once: one backward op instead of one per layer; lerp wants one dtype
+            alphas = alpha.to(resid.dtype).unsqueeze(-1).unbind(-3)  # (*rows, head, 1) per layer
+            ts = t.to(resid.dtype).unbind(0)  # (head, d_head) per layer
         for i, w in enumerate(self.layers):
             if i in edits:
                 resid = edits[i](resid)
@@ -287,7 +295,7 @@ class LastToken:
 
     def _rotation(self, w: dict, pos: int) -> Tensor:
         """The rotary embedding at one position as a (d_head, d_head) matrix: ``x @ R == _rotate(x)``."""
-        key = (id(w["cos"]), pos)
+        key = (w["table"], pos)
         rot = self._rotations.get(key)
         if rot is None:
             with torch.inference_mode(False), torch.no_grad():  # usable under autograd later

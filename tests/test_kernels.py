@@ -50,6 +50,7 @@ def test_row_matmul_falls_back_for_what_the_kernel_does_not_take():
         (torch.randn(3, 8), w),  # several rows: torch's matmul
         (torch.randn(1, 8, dtype=torch.float64), w.double()),  # not float32
         (torch.randn(1, 8), torch.randn(6, 8).T),  # a non-contiguous matrix
+        (torch.randn(1, 2, 8), w),  # not one row: a (1, pos, d) activation
     ]:
         y = kernels.row_matmul(x, ww)
         assert torch.allclose(y, x @ ww)
@@ -82,3 +83,25 @@ def test_rms_norm_equals_torch_forward_and_backward(dtype):
         assert torch.autograd.gradcheck(lambda v: kernels.rms_norm(v, 1e-6), (x[:1, :1, :6].detach().requires_grad_(),))
     with kernels.disabled():
         assert torch.allclose(kernels.rms_norm(x, 1e-6), F.rms_norm(x, (50,), None, 1e-6))
+
+
+def test_second_derivatives_through_the_kernels_are_right():
+    """Under create_graph the backward passes switch to torch's ops, so gradients of gradients hold."""
+    w = torch.randn(40, 30)
+    x = torch.randn(1, 40, dtype=torch.float32, requires_grad=True)
+
+    def f(v, mm, rms):
+        y = rms(mm(v, w), 1e-6)
+        return (y * torch.linspace(-1, 1, 30)).sum() ** 2
+
+    got = torch.autograd.grad(f(x, kernels.row_matmul, kernels.rms_norm), x, create_graph=True)[0]
+    hvp = torch.autograd.grad(got.pow(2).sum(), x)[0]
+    xr = x.detach().clone().requires_grad_()
+
+    def ref_rms(v, eps):
+        return F.rms_norm(v, (v.shape[-1],), None, eps)
+
+    want = torch.autograd.grad(f(xr, torch.matmul, ref_rms), xr, create_graph=True)[0]
+    hvp_ref = torch.autograd.grad(want.pow(2).sum(), xr)[0]
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(hvp, hvp_ref, rtol=1e-3, atol=1e-4), (hvp - hvp_ref).abs().max()

@@ -272,7 +272,7 @@ def _one_row_equals_hooked(variant):
     assert g_got.abs().sum() > 0
 
 
-def test_packed_generation_drops_finished_rows_without_changing_any_row(model):
+def test_packed_generation_drops_finished_rows_without_changing_any_row(model, monkeypatch):
     """Rows stopping at different steps: the packed decoder compacts its batch; every row's tokens stay the same."""
     from site_lens.inject import generate_greedy
 
@@ -281,6 +281,45 @@ def test_packed_generation_drops_finished_rows_without_changing_any_row(model):
     stop = {free[0][1], free[1][3]}  # row 0 ends by step 2, row 1 by step 4; others when they meet these
     want = [g[: next((k + 1 for k, tok in enumerate(g) if tok in stop), len(g))] for g in free]
     assert len({len(g) for g in want}) > 1 and max(len(g) for g in want) == 10  # rows finish at different steps
+    from site_lens.lasttoken import DecodeCache
+
+    calls = []
+    select = DecodeCache.select
+    monkeypatch.setattr(DecodeCache, "select", lambda self, rows: calls.append(len(rows)) or select(self, rows))
     for packed in (True, False):
         got, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=stop, packed=packed)
         assert got == want, packed
+    assert calls and min(calls) < len(prompts)  # the packed decoder did drop rows
+
+
+def test_float64_model_with_float32_gate(model):
+    """theta (and so alpha) stays float32; a float64 model still gates like the hooked model."""
+    from helpers import tiny
+
+    torch.manual_seed(0)
+    m64 = tiny(dtype=torch.float64)
+    runner = LastToken(m64)
+    c = m64.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    alpha = torch.rand(c.n_layers, c.n_heads)  # float32
+    tokens = torch.tensor([[5, 9, 17, 3, 22]])
+    got = runner.logits(tokens[:, -1], runner.prefix(tokens[:, :-1]), alpha, t)
+    last = torch.tensor([4])
+    want = last_logits(m64, tokens, last, hooks=injection_hooks(m64, t, alpha, last))
+    assert got.dtype == torch.float64
+    assert torch.allclose(got, want.to(got.dtype), atol=1e-6)
+
+
+def test_runner_packed_while_weights_require_grad_trains_and_leaves_them_alone():
+    model = _tiny()
+    model.requires_grad_(True)  # e.g. a model loaded straight from TransformerLens
+    runner = LastToken(model)
+    assert all(not v.requires_grad for w in runner.layers for v in w.values() if isinstance(v, torch.Tensor))
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    tokens = torch.tensor([[5, 9, 17, 3, 22]])
+    prefix = runner.prefix(tokens[:, :-1])
+    theta = torch.zeros(c.n_layers, c.n_heads, requires_grad=True)
+    for _ in range(2):  # a second backward must not reach a graph freed by the first
+        runner.logits(tokens[:, -1], prefix, theta.sigmoid(), t).logsumexp(-1).sum().backward()
+    assert theta.grad is not None and theta.grad.abs().sum() > 0

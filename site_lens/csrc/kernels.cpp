@@ -110,7 +110,8 @@ struct RowMatmul : public torch::autograd::Function<RowMatmul> {
     auto saved = ctx->get_saved_variables();
     const int64_t threads = ctx->saved_data["threads"].toInt();
     torch::Tensor gx, gw;
-    if (ctx->needs_input_grad(0)) gx = row_times_t(grads[0].contiguous(), saved[1], threads);
+    if (ctx->needs_input_grad(0))  // with create_graph, ATen's product so that the gradient has a graph
+      gx = torch::GradMode::is_enabled() ? grads[0].mm(saved[1].t()) : row_times_t(grads[0].contiguous(), saved[1], threads);
     if (ctx->needs_input_grad(1)) gw = saved[0].t().mm(grads[0]);  // a frozen model never asks for this
     return {gx, gw, torch::Tensor()};
   }
@@ -146,7 +147,8 @@ struct RmsNorm : public torch::autograd::Function<RmsNorm> {
       r = (x.square().mean(-1, true) + eps).rsqrt();
       y = x * r;
     }
-    ctx->save_for_backward({y, r});
+    ctx->save_for_backward({y, r, x});
+    ctx->saved_data["eps"] = eps;
     return y;
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -154,6 +156,12 @@ struct RmsNorm : public torch::autograd::Function<RmsNorm> {
     const auto& y = saved[0];
     const auto& r = saved[1];
     auto g = grads[0].contiguous();
+    if (torch::GradMode::is_enabled()) {  // create_graph: recompute r and y from x with ATen ops, so both have a graph
+      const auto& x = saved[2];
+      auto rx = (x.square().mean(-1, true) + ctx->saved_data["eps"].toDouble()).rsqrt();
+      auto yx = x * rx;
+      return {rx * (g - yx * (g * yx).mean(-1, true)), torch::Tensor()};
+    }
     if (!(plain(y) && plain(g))) return {r * (g - y * (g * y).mean(-1, true)), torch::Tensor()};
     const int64_t n = y.size(-1), rows = y.numel() / std::max<int64_t>(n, 1);
     auto gx = torch::empty_like(y);
