@@ -35,6 +35,16 @@ def _randomise_norms(model):
                 p.uniform_(0.5, 1.5)
 
 
+def _variant_model(variant):
+    """A tiny model of one VARIANTS shape, with its biases or norm gains made non-trivial where that matters."""
+    model = _tiny(**VARIANTS[variant])
+    if variant == "biases":
+        _randomise_biases(model)
+    if variant == "gemma3-like":
+        _randomise_norms(model)
+    return model
+
+
 def _examples(model):
     return make_examples(model, [(f"Q: {w}\nA:", w[::-1]) for w in WORDS])
 
@@ -61,11 +71,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_equal_hooked_model_with_gate(variant):
-    model = _tiny(**VARIANTS[variant])
-    if variant == "biases":
-        _randomise_biases(model)
-    if variant == "gemma3-like":
-        _randomise_norms(model)
+    model = _variant_model(variant)
     assert unsupported(model) is None
     runner = LastToken(model)
     c = model.cfg
@@ -172,11 +178,7 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
 
     from site_lens.inject import pad_right
 
-    model = _tiny(**VARIANTS[variant])
-    if variant == "biases":
-        _randomise_biases(model)
-    if variant == "gemma3-like":
-        _randomise_norms(model)
+    model = _variant_model(variant)
     runner = LastToken(model)
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7]]  # right-padded to 7
     tokens, mask, last = pad_right(prompts, 0)
@@ -250,11 +252,7 @@ def test_one_row_logits_and_gate_gradient_equal_hooked_model(variant, use_kernel
 
 
 def _one_row_equals_hooked(variant):
-    model = _tiny(**VARIANTS[variant])
-    if variant == "biases":
-        _randomise_biases(model)
-    if variant == "gemma3-like":
-        _randomise_norms(model)
+    model = _variant_model(variant)
     runner = LastToken(model)
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
