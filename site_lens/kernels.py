@@ -80,13 +80,18 @@ def load():
         lock = out / "lock"  # torch's build lock; a killed build leaves it behind and later builds would wait forever
         if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             lock.unlink(missing_ok=True)
+        src = out / SOURCE.name  # build from a copy, so every checkout sharing the cache writes the same build.ninja
+        if not src.exists():  # (the key is the source's hash: an existing copy is this source)
+            tmp = out / f"{SOURCE.name}.{os.getpid()}.tmp"
+            tmp.write_bytes(SOURCE.read_bytes())
+            tmp.replace(src)
         if not any(out.glob("*.so")):
             log.info("building the C++ kernels once (about 25 s) in %s", out)
         if shutil.which("ninja") is None:  # a pip-installed ninja lives next to the interpreter
             os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
         _state["ext"] = build(
             name=f"site_lens_kernels_{key}",
-            sources=[str(SOURCE)],
+            sources=[str(src)],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(out),

@@ -212,3 +212,33 @@ def test_score_method_rows(model, task, fitted):
     for m in fitted.values():
         r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
         assert r["n"] == 2 and 0 <= r["exact_match"] <= 1 and 0 <= r["first_token_acc"] <= 1
+
+
+def test_function_vector_goes_through_the_post_attention_norm():
+    """One prompt, every head of a layer: v + the bias's share is exactly what the attention adds to the residual."""
+    from helpers import tiny
+
+    from site_lens.baselines.fv import function_vector, mean_inv_post_scale
+    from site_lens.embeddings import build_task_embedding
+
+    torch.manual_seed(0)
+    model = tiny(n_ctx=64, use_normalization_before_and_after=True)
+    for p in model.parameters():  # non-trivial gains and biases everywhere
+        p.data += 0.3 * torch.randn_like(p)
+    prompt = "Q: abc\nA: ABC\n\nQ: de\nA:"
+    mean_z = build_task_embedding(model, [prompt], 1)
+    inv = mean_inv_post_scale(model, [prompt])
+    _, cache = model.run_with_cache(prompt, names_filter=lambda n: n.endswith(("hook_attn_out", "ln1_post.hook_scale")))
+    for layer in range(model.cfg.n_layers):
+        block = model.blocks[layer]
+        heads = [(layer, h) for h in range(model.cfg.n_heads)]
+        v = function_vector(model, mean_z, heads, inv)
+        bias_share = block.attn.b_O.detach() * block.ln1_post.w.detach() * inv[layer]
+        want = cache[f"blocks.{layer}.hook_attn_out"][0, -1]
+        assert torch.allclose(inv[layer], 1 / cache[f"blocks.{layer}.ln1_post.hook_scale"][0, -1, 0])
+        assert torch.allclose(v + bias_share, want, atol=1e-4), (v + bias_share - want).abs().max()
+        # without the norm (the old vector) it is not what the layer adds
+        plain = sum(mean_z[layer, h] @ block.attn.W_O[h] for h in range(model.cfg.n_heads))
+        assert not torch.allclose(plain + block.attn.b_O, want, atol=1e-2)
+    with pytest.raises(ValueError, match="post-attention norm"):
+        function_vector(model, mean_z, [(0, 0)])

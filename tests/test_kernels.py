@@ -1,5 +1,7 @@
 """The C++ kernels (one-row products, weightless RMSNorm) equal torch, forward and backward, and can be switched off."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,3 +107,17 @@ def test_second_derivatives_through_the_kernels_are_right():
     hvp_ref = torch.autograd.grad(want.pow(2).sum(), xr)[0]
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
     assert torch.allclose(hvp, hvp_ref, rtol=1e-3, atol=1e-4), (hvp - hvp_ref).abs().max()
+
+
+def test_build_uses_a_copy_of_the_source_in_the_cache(monkeypatch, tmp_path):
+    """Checkouts at different paths sharing one cache must not rebuild each other's kernels: the build reads a copy."""
+    import torch.utils.cpp_extension as cpp
+
+    seen = {}
+    monkeypatch.setenv("SITE_LENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp, "load", lambda **kw: seen.update(kw) or "ext")
+    monkeypatch.setattr(kernels, "_state", {"tried": False, "ext": None})
+    assert kernels.load() == "ext"
+    (src,) = map(Path, seen["sources"])
+    assert src.parent == Path(seen["build_directory"]) and src.parent.is_relative_to(tmp_path)
+    assert src.read_bytes() == kernels.SOURCE.read_bytes()

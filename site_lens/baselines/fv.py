@@ -5,7 +5,12 @@
 2. Causal indirect effect of every head on shuffled-label 10-shot prompts
    (``site_lens.cie.causal_indirect_effect``); keep the top k = 10 heads.
 3. The function vector v = sum over those heads of mean_z[l, h] @ W_O[l, h]
-   (each head's mean contribution to the residual stream, without b_O).
+   (each head's mean contribution to the residual stream, without b_O). Where
+   a norm sits between W_O and the residual stream (Gemma 2/3's ``ln1_post``),
+   each head's output also goes through that norm linearised at the last
+   token: times the RMSNorm's gain over its scale, the inverse scale
+   averaged over the same 10-shot prompts (TransformerLens 3.9 builds only
+   RMSNorms there).
 4. At inference v is added to the residual stream at the last prompt token,
    at the input of one layer (``blocks.{L}.hook_resid_pre``), L chosen by the
    lowest first-token loss on the valid split. Nothing is trained.
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -23,7 +29,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..cie import causal_indirect_effect
-from ..inject import HookFactory
+from ..inject import HookFactory, encode, pad_id, pad_right
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, train_valid_examples
 
@@ -36,14 +42,58 @@ def add_at_hook(
     return resid.index_put((rows, pos), resid[rows, pos] + v.to(resid.dtype))
 
 
+def post_attn_norms(model: HookedTransformer) -> list[torch.nn.Module | None]:
+    """Per layer, the norm between the attention's W_O and the residual stream (``ln1_post``), or None."""
+    norms = [getattr(block, "ln1_post", None) for block in model.blocks]
+    return [n if hasattr(n, "hook_scale") else None for n in norms]  # an Identity changes nothing
+
+
+def _sum_inv_last_hook(scale: Tensor, hook: HookPoint, store: dict[str, Tensor], last: Tensor) -> None:
+    """Store the sum over rows of 1 / scale at each row's last real token."""
+    rows = torch.arange(scale.shape[0], device=scale.device)
+    store[hook.name] = (1.0 / scale[rows, last].float()).sum(0).cpu()  # (1,)
+
+
+@torch.inference_mode()
+def mean_inv_post_scale(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10) -> Float[Tensor, " layer"]:
+    """Per layer, 1 / the post-attention norm's scale at the last token, averaged over prompts (1 where no norm)."""
+    norms = post_attn_norms(model)
+    layers = [layer for layer, n in enumerate(norms) if n is not None]
+    inv = torch.ones(model.cfg.n_layers)
+    if not layers:
+        return inv
+    names = [norms[layer].hook_scale.name for layer in layers]
+    total = torch.zeros(len(layers))
+    toks = encode(model, prompts)
+    for s in range(0, len(toks), batch_size):
+        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
+        store: dict[str, Tensor] = {}
+        grab = partial(_sum_inv_last_hook, store=store, last=last)
+        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
+            model(tokens, stop_at_layer=max(layers) + 1)
+        total += torch.cat([store[n] for n in names])
+    inv[layers] = total / len(toks)
+    return inv
+
+
 def function_vector(
-    model: HookedTransformer, mean_z: Float[Tensor, "layer head_index d_head"], heads: list[tuple[int, int]]
+    model: HookedTransformer,
+    mean_z: Float[Tensor, "layer head_index d_head"],
+    heads: list[tuple[int, int]],
+    inv_scale: Float[Tensor, " layer"] | None = None,
 ) -> Float[Tensor, " d_model"]:
-    """Sum of the chosen heads' mean outputs through their W_O."""
+    """Sum of the chosen heads' mean outputs through their W_O (and the post-attention norm, if any)."""
+    norms = post_attn_norms(model)
     v = torch.zeros(model.cfg.d_model)
     for layer, head in heads:
         w_o = model.blocks[layer].attn.W_O[head].detach().float().cpu()  # (d_head, d_model)
-        v += mean_z[layer, head].float() @ w_o
+        out = mean_z[layer, head].float() @ w_o  # (d_model,)
+        norm = norms[layer]
+        if norm is not None:
+            if inv_scale is None:
+                raise ValueError(f"layer {layer} has a post-attention norm: pass inv_scale (mean_inv_post_scale)")
+            out = out * norm.w.detach().float().cpu() * inv_scale[layer]
+        v += out
     return v
 
 
@@ -65,7 +115,10 @@ class FunctionVector(Method):
         k = min(self.k, cie.numel())
         top = torch.topk(cie.flatten(), k).indices.tolist()
         heads = [divmod(i, model.cfg.n_heads) for i in top]
-        self.v = function_vector(model, mean_z, heads)
+        inv_scale = None
+        if any(n is not None for n in post_attn_norms(model)):
+            inv_scale = mean_inv_post_scale(model, [p for p, _ in ctx.icl_prompts()], ctx.embedding.batch_size)
+        self.v = function_vector(model, mean_z, heads, inv_scale)
         _, valid = train_valid_examples(model, task)
         v = self.v.to(device=model.cfg.device, dtype=model.cfg.dtype)
         self.layer, losses = choose_layer(
