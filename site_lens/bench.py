@@ -253,16 +253,26 @@ def run_bench(
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per method: means over tasks (and seeds), overall and per category."""
+    """Per method: means over the (task, seed) pairs every method finished, overall and per category.
+
+    A partial run thus compares methods on the same tasks; ``n_tasks_run`` counts each method's own.
+    """
     out = []
     methods = list(dict.fromkeys(m for m in METHODS if any(r["method"] == m for r in rows)))
     methods += sorted({r["method"] for r in rows} - set(methods))
+    done = [{(r["task"], r["seed"]) for r in rows if r["method"] == m} for m in methods]
+    common = set.intersection(*done) if done else set()
     cats = sorted({r["category"] for r in rows})
     for m in methods:
-        rs = [r for r in rows if r["method"] == m]
-        s: dict[str, Any] = {"method": m, "n_tasks": len({r["task"] for r in rs}), "n_rows": len(rs)}
+        rs = [r for r in rows if r["method"] == m and (r["task"], r["seed"]) in common]
+        s: dict[str, Any] = {
+            "method": m,
+            "n_tasks": len({r["task"] for r in rs}),
+            "n_tasks_run": len({r["task"] for r in rows if r["method"] == m}),
+            "n_rows": len(rs),
+        }
         for k in (*METRICS, "n_trainable", "fit_seconds", "ms_per_query"):
-            s[k] = sum(r[k] for r in rs) / len(rs)
+            s[k] = sum(r[k] for r in rs) / len(rs) if rs else None
         for c in cats:
             cr = [r["exact_match"] for r in rs if r["category"] == c]
             s[f"exact_match_{c}"] = sum(cr) / len(cr) if cr else None
@@ -289,12 +299,13 @@ def _fmt(v: Any) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], title: str = "") -> str:
-    """The summary table (exact match in %), then exact match per task."""
+    """The summary table (exact match in %, over the tasks every method finished), then exact match per task."""
     lines = [f"# {title}".rstrip(), ""] if title else []
     cats = [k[len("exact_match_") :] for k in (summary[0] if summary else {}) if k.startswith("exact_match_")]
     head = [
         "method",
         "tasks",
+        "tasks run",
         "first-token %",
         "exact %",
         "strict %",
@@ -306,16 +317,18 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}"
+        num = lambda v, f: "-" if v is None else format(v, f)
         cells = [
             s["method"],
             str(s["n_tasks"]),
+            str(s["n_tasks_run"]),
             pct(s["first_token_acc"]),
             pct(s["exact_match"]),
             pct(s["strict_match"]),
             *[pct(s[f"exact_match_{c}"]) for c in cats],
-            f"{s['n_trainable']:,.0f}",
-            f"{s['fit_seconds']:.1f}",
-            f"{s['ms_per_query']:.1f}",
+            num(s["n_trainable"], ",.0f"),
+            num(s["fit_seconds"], ".1f"),
+            num(s["ms_per_query"], ".1f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     methods = [s["method"] for s in summary]

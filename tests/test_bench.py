@@ -96,6 +96,31 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
     assert [s["method"] for s in summary] == ["zero_shot", "ia3"] and all(s["n_tasks"] == "2" for s in summary)
 
 
+def _row(task, method, em, category="abstractive"):
+    return {
+        "task": task,
+        "category": category,
+        "method": method,
+        "seed": 0,
+        "first_token_acc": em,
+        "exact_match": em,
+        "strict_match": em,
+        "n_trainable": 0,
+        "fit_seconds": 1.0,
+        "ms_per_query": 1.0,
+        "n_test": 2,
+    }
+
+
+def test_summary_averages_only_tasks_every_method_finished():
+    rows = [_row("a", "zero_shot", 0.0), _row("a", "site", 0.5), _row("b", "zero_shot", 1.0)]  # site has not run b
+    zs, site = bench.summarise(rows)
+    assert (zs["method"], zs["n_tasks"], zs["n_tasks_run"], zs["exact_match"]) == ("zero_shot", 1, 2, 0.0)
+    assert (site["method"], site["n_tasks"], site["n_tasks_run"], site["exact_match"]) == ("site", 1, 1, 0.5)
+    md = bench.markdown(rows, bench.summarise(rows + [_row("c", "lora", 1.0)]))  # no task in common: dashes
+    assert "| lora | 0 | 1 | - | - | - |" in md
+
+
 def _bench_cmd(data, out):
     return [
         sys.executable,
