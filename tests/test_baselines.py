@@ -242,3 +242,20 @@ def test_function_vector_goes_through_the_post_attention_norm():
         assert not torch.allclose(plain + block.attn.b_O, want, atol=1e-2)
     with pytest.raises(ValueError, match="post-attention norm"):
         function_vector(model, mean_z, [(0, 0)])
+
+
+def test_last_token_means_equal_the_cache(model):
+    """TV's mean residual and I2CL's context vectors: the last token's activations averaged over prompts of unequal length."""
+    from site_lens.baselines.i2cl import context_vectors
+    from site_lens.baselines.tv import mean_last_resid
+
+    prompts = ["Q: ab\nA: AB", "Q: hello\nA: HELLO", "Q: x\nA:"]
+    want_resid, want_attn, want_mlp = 0, 0, 0
+    for p in prompts:
+        _, cache = model.run_with_cache(p)
+        want_resid = want_resid + cache.stack_activation("resid_pre")[:, 0, -1] / len(prompts)
+        want_attn = want_attn + cache.stack_activation("attn_out")[:, 0, -1] / len(prompts)
+        want_mlp = want_mlp + cache.stack_activation("mlp_out")[:, 0, -1] / len(prompts)
+    assert torch.allclose(mean_last_resid(model, prompts, batch_size=2), want_resid, atol=1e-5)
+    cv = context_vectors(model, prompts, batch_size=2)
+    assert torch.allclose(cv[0], want_attn, atol=1e-5) and torch.allclose(cv[1], want_mlp, atol=1e-5)

@@ -26,6 +26,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,10 +44,36 @@ from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 log = logging.getLogger(__name__)
 
 
-def sum_last_hook(act: Tensor, hook, store: dict[str, Tensor], last: Tensor) -> None:
-    """Store the sum over rows of ``act`` at each row's last real token, under the hook's name."""
+def sum_last_hook(
+    act: Tensor, hook, store: dict[str, Tensor], last: Tensor, transform: Callable[[Tensor], Tensor] = lambda a: a
+) -> None:
+    """Store the sum over rows of ``transform(act)`` at each row's last real token, under the hook's name."""
     rows = torch.arange(act.shape[0], device=act.device)
-    store[hook.name] = act[rows, last].float().sum(0).cpu()  # (d_model,)
+    store[hook.name] = transform(act[rows, last].float()).sum(0).cpu()  # (d_model,)
+
+
+@torch.inference_mode()
+def sum_last_token(
+    model: HookedTransformer,
+    prompts: Sequence[str],
+    names: Sequence[str],
+    batch_size: int = 10,
+    transform: Callable[[Tensor], Tensor] = lambda a: a,
+    stop_at_layer: int | None = None,
+) -> Tensor:
+    """``transform(act)`` at each prompt's last token, summed over prompts, for each hook name: (name, ...)."""
+    toks = encode(model, prompts)
+    total: Tensor | None = None
+    for s in range(0, len(toks), batch_size):
+        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
+        store: dict[str, Tensor] = {}
+        grab = partial(sum_last_hook, store=store, last=last, transform=transform)
+        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
+            model(tokens, stop_at_layer=stop_at_layer or model.cfg.n_layers)
+        batch = torch.stack([store[n] for n in names])
+        total = batch if total is None else total + batch
+    assert total is not None, "no prompts"
+    return total
 
 
 def method_seed(seed: int, name: str) -> int:

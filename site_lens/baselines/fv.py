@@ -29,9 +29,9 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..cie import causal_indirect_effect
-from ..inject import HookFactory, encode, pad_id, pad_right
+from ..inject import HookFactory
 from ..tasks import Task
-from .base import Method, TaskContext, choose_layer, train_valid_examples
+from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
 
 def add_at_hook(
@@ -48,31 +48,17 @@ def post_attn_norms(model: HookedTransformer) -> list[torch.nn.Module | None]:
     return [n if hasattr(n, "hook_scale") else None for n in norms]  # an Identity changes nothing
 
 
-def _sum_inv_last_hook(scale: Tensor, hook: HookPoint, store: dict[str, Tensor], last: Tensor) -> None:
-    """Store the sum over rows of 1 / scale at each row's last real token."""
-    rows = torch.arange(scale.shape[0], device=scale.device)
-    store[hook.name] = (1.0 / scale[rows, last].float()).sum(0).cpu()  # (1,)
-
-
-@torch.inference_mode()
-def mean_inv_post_scale(model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10) -> Float[Tensor, " layer"]:
+def mean_inv_post_scale(
+    model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10
+) -> Float[Tensor, " layer"]:
     """Per layer, 1 / the post-attention norm's scale at the last token, averaged over prompts (1 where no norm)."""
     norms = post_attn_norms(model)
     layers = [layer for layer, n in enumerate(norms) if n is not None]
     inv = torch.ones(model.cfg.n_layers)
-    if not layers:
-        return inv
-    names = [norms[layer].hook_scale.name for layer in layers]
-    total = torch.zeros(len(layers))
-    toks = encode(model, prompts)
-    for s in range(0, len(toks), batch_size):
-        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
-        store: dict[str, Tensor] = {}
-        grab = partial(_sum_inv_last_hook, store=store, last=last)
-        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
-            model(tokens, stop_at_layer=max(layers) + 1)
-        total += torch.cat([store[n] for n in names])
-    inv[layers] = total / len(toks)
+    if layers:
+        names = [norms[layer].hook_scale.name for layer in layers]
+        total = sum_last_token(model, prompts, names, batch_size, lambda s: 1.0 / s, stop_at_layer=max(layers) + 1)
+        inv[layers] = total[:, 0] / len(prompts)  # (layer,) from (layer, 1)
     return inv
 
 

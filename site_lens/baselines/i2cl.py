@@ -26,9 +26,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
-from ..inject import Hooks, encode, pad_id, pad_right
+from ..inject import Hooks
 from ..tasks import Task
-from .base import Method, TaskContext, TrainConfig, method_seed, sum_last_hook, train_first_token, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, method_seed, sum_last_token, train_first_token, train_valid_examples
 
 KINDS = ("attn_out", "mlp_out")
 
@@ -40,22 +40,13 @@ def linear_combine_hook(
     return lam[1].to(out.dtype) * out + lam[0].to(out.dtype) * c.to(out.dtype)
 
 
-@torch.inference_mode()
 def context_vectors(
     model: HookedTransformer, demos: Sequence[str], batch_size: int = 10
 ) -> Float[Tensor, "kind layer d_model"]:
     """Mean attention and MLP outputs at each demonstration's last token, per layer."""
-    names = [[get_act_name(k, layer) for layer in range(model.cfg.n_layers)] for k in KINDS]
-    total = torch.zeros(len(KINDS), model.cfg.n_layers, model.cfg.d_model)
-    toks = encode(model, demos)
-    for s in range(0, len(toks), batch_size):
-        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
-        store: dict[str, Tensor] = {}
-        grab = partial(sum_last_hook, store=store, last=last)
-        with model.hooks(fwd_hooks=[(n, grab) for kind in names for n in kind]):
-            model(tokens, stop_at_layer=model.cfg.n_layers)
-        total += torch.stack([torch.stack([store[n] for n in kind]) for kind in names])
-    return total / len(toks)
+    names = [get_act_name(k, layer) for k in KINDS for layer in range(model.cfg.n_layers)]
+    total = sum_last_token(model, demos, names, batch_size)  # (kind * layer, d_model)
+    return total.view(len(KINDS), model.cfg.n_layers, -1) / len(demos)
 
 
 class I2CL(Method):

@@ -20,9 +20,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
-from ..inject import HookFactory, encode, pad_id, pad_right
+from ..inject import HookFactory
 from ..tasks import Task
-from .base import Method, TaskContext, choose_layer, sum_last_hook, train_valid_examples
+from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
 
 def replace_at_hook(
@@ -33,22 +33,12 @@ def replace_at_hook(
     return resid.index_put((rows, pos), v.to(resid.dtype).expand(len(rows), -1))
 
 
-@torch.inference_mode()
 def mean_last_resid(
     model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10
 ) -> Float[Tensor, "layer d_model"]:
     """hook_resid_pre of every layer at the last token, averaged over prompts."""
     names = [get_act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)]
-    total = torch.zeros(model.cfg.n_layers, model.cfg.d_model)
-    toks = encode(model, prompts)
-    for s in range(0, len(toks), batch_size):
-        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
-        store: dict[str, Tensor] = {}
-        grab = partial(sum_last_hook, store=store, last=last)
-        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
-            model(tokens, stop_at_layer=model.cfg.n_layers)
-        total += torch.stack([store[n] for n in names])
-    return total / len(toks)
+    return sum_last_token(model, prompts, names, batch_size) / len(prompts)
 
 
 class TaskVector(Method):
