@@ -32,7 +32,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-from .inject import answer_ids, check_context, encode, gate_hook, last_logits, pad_id, pad_right, z_names
+from .inject import answer_ids, check_context, encode, fit_batches, gate_hook, last_logits, pad_id, pad_right, z_names
 from .lasttoken import LastToken, unsupported
 from .tasks import Pair, Task, build_prompt, check_enough
 
@@ -77,8 +77,7 @@ def last_token_batches(
     device = model.cfg.device
     order = sorted(range(len(token_lists)), key=lambda i: len(token_lists[i]))  # less padding
     out = []
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
+    for idx in fit_batches(order, [len(t) - 1 for t in token_lists], batch_size, model.cfg.n_heads):
         tokens, mask, _ = pad_right([token_lists[i][:-1] for i in idx], pad_id(model), device)
         cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, len(idx))
         model(tokens, attention_mask=mask, past_kv_cache=cache, return_type=None)

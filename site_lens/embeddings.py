@@ -18,7 +18,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
-from .inject import check_context, encode, pad_id, pad_right, z_names
+from .inject import check_context, encode, fit_batches, pad_id, pad_right, z_names
 
 
 def capture_last_hook(
@@ -41,8 +41,7 @@ def last_token_z(
     names = z_names(model)
     order = sorted(range(len(token_lists)), key=lambda i: len(token_lists[i]))  # less padding
     out = torch.empty(len(token_lists), model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
+    for idx in fit_batches(order, [len(t) for t in token_lists], batch_size, model.cfg.n_heads):
         tokens, _, last = pad_right([token_lists[i] for i in idx], pad_id(model), model.cfg.device)
         store: dict[str, Tensor] = {}
         hooks = [(n, partial(capture_last_hook, store=store, last=last)) for n in names]

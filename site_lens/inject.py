@@ -74,6 +74,36 @@ def pad_right(
     return tokens.to(device), mask.to(device), last.to(device)
 
 
+# Attention scores one forward pass may hold (rows * heads * padded length^2); ~0.5 GiB
+# in float32. Batches of long prompts are cut to fit it (10-shot squad_val, ~3,000
+# tokens, took 18 GiB at 64 rows and was killed); short prompts keep their full batch.
+# Batching never changes results (rows are padded and masked).
+ATTN_CELLS = 2**27
+
+
+def fit_batches(
+    order: Sequence[int], lengths: Sequence[int], max_rows: int, n_heads: int, cells: int | None = None
+) -> list[list[int]]:
+    """Cut ``order`` into consecutive batches of at most ``max_rows`` rows whose padded attention fits ``cells``.
+
+    ``cells`` defaults to ``ATTN_CELLS``; a prompt too long for it alone still forms a batch of one.
+    """
+    cells = ATTN_CELLS if cells is None else cells
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        n = max(longest, lengths[i])
+        if cur and (len(cur) >= max_rows or (len(cur) + 1) * n_heads * n * n > cells):
+            out.append(cur)
+            cur, n = [], lengths[i]
+        cur.append(i)
+        longest = n
+    if cur:
+        out.append(cur)
+    return out
+
+
 def pad_id(model: HookedTransformer) -> int:
     tok = model.tokenizer
     if tok is None:
@@ -120,7 +150,9 @@ def injection_hooks(
     pos: Int[Tensor, " batch"] | int = -1,
 ) -> Hooks:
     """One ``gate_hook`` per layer, bound to that layer's t and alpha."""
-    return [(name, partial(gate_hook, t=t[layer], alpha=alpha[layer], pos=pos)) for layer, name in enumerate(z_names(model))]
+    return [
+        (name, partial(gate_hook, t=t[layer], alpha=alpha[layer], pos=pos)) for layer, name in enumerate(z_names(model))
+    ]
 
 
 # ---------------------------------------------------------------- forward helpers
@@ -198,8 +230,8 @@ def generate_greedy(
     outs: list[list[int]] = [[] for _ in prompts]
     first = torch.empty(len(prompts), model.cfg.d_vocab)
     stop = stop_ids if stop_ids is not None else _newline_ids(model) | {pad_id(model)}
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
+    lengths = [len(p) + max_new_tokens for p in prompts]  # the KV cache grows while decoding
+    for idx in fit_batches(order, lengths, batch_size, model.cfg.n_heads):
         batch = [prompts[i] for i in idx]
         if use_cache:
             gen, logits0 = _generate_cached(model, batch, max_new_tokens, prefill_hooks, stop, packed)
@@ -269,7 +301,6 @@ class _PackedDecoder:
         out = nxt.clone()
         out[self.live] = self.runner.decode(nxt[self.live], self.state).argmax(-1)
         return out
-
 
 
 def _generate_uncached(model, batch, max_new, prefill_hooks, stop):

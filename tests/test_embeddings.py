@@ -26,3 +26,12 @@ def test_only_last_position_is_kept(model):
     # memory is bounded by caching the last position only: one vector per prompt, layer and head
     z = last_token_z(model, encode(model, ["Q: a long prompt indeed\nA:", "Q: b\nA:"]))
     assert z.shape == (2, model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+
+
+def test_attention_budget_does_not_change_embedding(model, monkeypatch):
+    from site_lens import inject
+
+    prompts = ["Q: a\nA: b\n\nQ: c\nA:", "Q: dd\nA: ee\n\nQ: ffff gg\nA:", "Q: x\nA:"]
+    full = build_task_embedding(model, prompts, batch_size=10)
+    monkeypatch.setattr(inject, "ATTN_CELLS", 1)
+    assert torch.allclose(build_task_embedding(model, prompts, batch_size=10), full, atol=1e-5)

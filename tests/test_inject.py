@@ -61,7 +61,9 @@ def test_padded_batch_changes_only_each_rows_last_token(model):
     # each row's injected logits equal that row run alone
     lb = last_logits(model, tokens, last, hooks=injection_hooks(model, t, alpha, last))
     for i, s in enumerate(seqs):
-        alone = last_logits(model, torch.tensor([s]), torch.tensor([len(s) - 1]), hooks=injection_hooks(model, t, alpha, -1))
+        alone = last_logits(
+            model, torch.tensor([s]), torch.tensor([len(s) - 1]), hooks=injection_hooks(model, t, alpha, -1)
+        )
         assert torch.allclose(lb[i], alone[0], atol=1e-5)
 
 
@@ -85,7 +87,9 @@ def test_cached_generation_equals_uncached_with_injection_at_same_position(model
         return injection_hooks(model, t, alpha, last)
 
     cached, first_c = generate_greedy(model, prompts, max_new_tokens=8, prefill_hooks=hooks, stop_ids=set())
-    uncached, first_u = generate_greedy(model, prompts, max_new_tokens=8, prefill_hooks=hooks, stop_ids=set(), use_cache=False)
+    uncached, first_u = generate_greedy(
+        model, prompts, max_new_tokens=8, prefill_hooks=hooks, stop_ids=set(), use_cache=False
+    )
     assert cached == uncached
     assert all(len(c) == 8 for c in cached)
     assert torch.allclose(first_c, first_u, atol=1e-5)
@@ -119,3 +123,30 @@ def test_fast_layout_is_bit_identical():
     fast_layout(a)
     after = a(tokens)
     assert torch.equal(before, after) and torch.allclose(plain, after, atol=1e-6)
+
+
+def test_fit_batches_respects_rows_and_attention_budget():
+    from site_lens.inject import fit_batches
+
+    lengths = [5, 5, 5, 10, 10, 40]
+    # 2 heads, budget 400 cells: three 5-token rows fit (3*2*25=150), a 10-token row joins (4*2*100=800 > 400: new batch)
+    batches = fit_batches(range(6), lengths, max_rows=3, n_heads=2, cells=400)
+    assert batches == [[0, 1, 2], [3, 4], [5]]  # 2*2*100=400 fits; 40 tokens alone exceed it and still run
+    assert sum(batches, []) == list(range(6))
+    for b in batches:
+        assert len(b) <= 3
+        n = max(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * 2 * n * n <= 400
+    # short prompts keep the full batch under the default budget
+    assert fit_batches(range(64), [60] * 64, max_rows=64, n_heads=9) == [list(range(64))]
+
+
+def test_attention_budget_does_not_change_generation(model, monkeypatch):
+    from site_lens import inject
+
+    prompts = encode(model, ["Q: sun\nA:", "Q: moonlight\nA:", "Q: x\nA:", "Q: a longer question here\nA:"])
+    full, first_full = generate_greedy(model, prompts, max_new_tokens=6, stop_ids=set())
+    monkeypatch.setattr(inject, "ATTN_CELLS", 1)  # every batch holds one prompt
+    one, first_one = generate_greedy(model, prompts, max_new_tokens=6, stop_ids=set())
+    assert one == full
+    assert torch.allclose(first_one, first_full, atol=1e-5)

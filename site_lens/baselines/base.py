@@ -36,7 +36,17 @@ from transformer_lens import HookedTransformer
 
 from ..config import EmbeddingConfig, EvalConfig
 from ..embeddings import build_task_embedding
-from ..inject import HookFactory, Hooks, answer_ids, encode, generate_greedy, last_logits, pad_id, pad_right
+from ..inject import (
+    HookFactory,
+    Hooks,
+    answer_ids,
+    encode,
+    fit_batches,
+    generate_greedy,
+    last_logits,
+    pad_id,
+    pad_right,
+)
 from ..metrics import score
 from ..selection import Example, _PrefixCache, gated_prefix_loss, make_examples, packed_runner
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
@@ -64,8 +74,8 @@ def sum_last_token(
     """``transform(act)`` at each prompt's last token, summed over prompts, for each hook name: (name, ...)."""
     toks = encode(model, prompts)
     total: Tensor | None = None
-    for s in range(0, len(toks), batch_size):
-        tokens, _, last = pad_right(toks[s : s + batch_size], pad_id(model), model.cfg.device)
+    for idx in fit_batches(range(len(toks)), [len(t) for t in toks], batch_size, model.cfg.n_heads):
+        tokens, _, last = pad_right([toks[i] for i in idx], pad_id(model), model.cfg.device)
         store: dict[str, Tensor] = {}
         grab = partial(sum_last_hook, store=store, last=last, transform=transform)
         with model.hooks(fwd_hooks=[(n, grab) for n in names]):
