@@ -178,6 +178,21 @@ class LastToken:
                 tables.append((w["cos"], w["sin"]))
             w["table"] = same[0] if same else len(tables) - 1
 
+    def _cover(self, n: int) -> None:
+        """Grow every layer's rotary table to ``n`` positions, as TransformerLens grows its own on demand.
+
+        TransformerLens builds 2,048 rows and extends them (same values) when a
+        longer prompt runs; the packed copies are taken at build time, so they
+        must follow, or a decode past position 2,047 indexes out of the table.
+        """
+        if n <= self.layers[0]["cos"].shape[0]:
+            return
+        for block, w in zip(self.model.blocks, self.layers):
+            a = block.attn
+            if a.rotary_cos.shape[0] < n:
+                a._extend_rotary_embeddings(min(max(n, 2 * a.rotary_cos.shape[0]), self.model.cfg.n_ctx))
+            w["cos"], w["sin"] = a.rotary_cos, a.rotary_sin
+
     def _pack(self, block) -> dict:
         a, mlp = block.attn, block.mlp
 
@@ -225,6 +240,7 @@ class LastToken:
         for layer, entry in zip(self.layers, cache.entries):
             k = entry.past_keys.transpose(1, 2)  # (batch, kv_head, pos, d_head)
             n = k.shape[2]
+            self._cover(n)
             keys.append(self._rotate(k, layer["cos"][:n], layer["sin"][:n]).contiguous())
             values.append(entry.past_values.transpose(1, 2).contiguous())
         return Prefix(keys, values)
@@ -298,6 +314,7 @@ class LastToken:
         key = (w["table"], pos)
         rot = self._rotations.get(key)
         if rot is None:
+            self._cover(pos + 1)
             with torch.inference_mode(False), torch.no_grad():  # usable under autograd later
                 eye = torch.eye(self.d_head, dtype=w["cos"].dtype, device=w["cos"].device)
                 rot = self._rotations[key] = self._rotate(eye, w["cos"][pos], w["sin"][pos])
@@ -346,6 +363,7 @@ class LastToken:
     ) -> DecodeCache:
         """Take over a prefilled TransformerLens cache (right-padded rows) with room for ``extra`` tokens."""
         B, T = attention_mask.shape
+        self._cover(T + extra)
         mask = attention_mask.bool()
         pos_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # rotary positions, as TransformerLens
         keys, values = [], []

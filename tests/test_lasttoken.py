@@ -321,3 +321,29 @@ def test_runner_packed_while_weights_require_grad_trains_and_leaves_them_alone()
     for _ in range(2):  # a second backward must not reach a graph freed by the first
         runner.logits(tokens[:, -1], prefix, theta.sigmoid(), t).logsumexp(-1).sum().backward()
     assert theta.grad is not None and theta.grad.abs().sum() > 0
+
+
+def test_packed_path_past_transformer_lens_initial_rotary_table(monkeypatch):
+    # TransformerLens starts with 2,048 rotary rows and grows them on demand; the packed
+    # copies must follow (a 10-shot squad_val prompt crashed at position 2,048)
+    from transformer_lens.components.abstract_attention import AbstractAttention
+
+    from site_lens.inject import generate_greedy
+
+    monkeypatch.setattr(AbstractAttention, "ROTARY_INITIAL_CACHE_SIZE", 8)
+    model = _tiny()
+    assert model.blocks[0].attn.rotary_cos.shape[0] == 8 < model.cfg.n_ctx
+    prompts = [[(7 * i + j) % 50 + 1 for i in range(n)] for j, n in enumerate([6, 11, 19])]
+    packed = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set())
+    hooked = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), packed=False)
+    uncached = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), use_cache=False)
+    assert packed[0] == hooked[0] == uncached[0]
+    assert torch.allclose(packed[1], uncached[1], atol=1e-5)
+    # the one-row training path (rotation at the last position) past the initial table too
+    runner = LastToken.for_model(model)
+    tokens = torch.tensor([prompts[2]])
+    gate = torch.rand(model.cfg.n_layers, model.cfg.n_heads)
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    want = last_logits(model, tokens, torch.tensor([tokens.shape[1] - 1]), hooks=injection_hooks(model, t, gate, -1))
+    got = runner.logits(tokens[:, -1], runner.prefix(tokens[:, :-1]), gate, t)
+    assert torch.allclose(got, want, atol=1e-5)
