@@ -32,7 +32,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from .config import SelectionConfig
-from .inject import Hooks, injection_hooks, last_logits, pad_id, pad_right
+from .inject import HookFactory, Hooks, fit_batches, injection_hooks, last_logits, pad_id, pad_right
 from .lasttoken import LastToken, Prefix, unsupported
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,45 @@ def gated_prefix_loss(
     return total / len(indices)
 
 
+# Attention cells one differentiable pass may keep for backward, summed over layers
+# (rows * heads * padded length^2 * layers): ~1 GiB per float32 tensor kept. A batch of
+# 8 zero-shot squad_val prompts (up to ~830 tokens) took 17 GiB and was killed; the other
+# 44 FV tasks' batches of 8 (longest: ag_news, 273 tokens) stay whole.
+GRAD_CELLS = 2**28
+
+
+def first_token_loss(
+    model: HookedTransformer,
+    examples: Sequence[Example],
+    hooks: Hooks = (),
+    prefill: HookFactory | None = None,
+    batch_size: int = 32,
+    backward: bool = False,
+) -> Tensor:
+    """Mean cross-entropy of the answer's first token over whole zero-shot prompts (differentiable).
+
+    Chunks of up to ``batch_size`` rows are cut to fit ``ATTN_CELLS`` (``GRAD_CELLS`` over all
+    layers while gradients are on). With ``backward`` each chunk's share of the mean is
+    back-propagated at once (gradient accumulation: one chunk's graph alive at a time) and
+    the mean comes back detached.
+    """
+    cells = GRAD_CELLS // model.cfg.n_layers if torch.is_grad_enabled() else None
+    lengths = [len(e.tokens) for e in examples]
+    total = torch.zeros((), device=model.cfg.device)
+    for idx in fit_batches(range(len(examples)), lengths, batch_size, model.cfg.n_heads, cells):
+        chunk = [examples[i] for i in idx]
+        tokens, mask, last = pad_right([e.tokens for e in chunk], pad_id(model), model.cfg.device)
+        with model.hooks(fwd_hooks=list(hooks)):
+            logits = last_logits(model, tokens, last, hooks=prefill(last) if prefill else [], attention_mask=mask)
+        target = torch.tensor([e.target for e in chunk], device=logits.device)
+        part = F.cross_entropy(logits.float(), target, reduction="sum")
+        if backward:
+            (part / len(examples)).backward()
+            part = part.detach()
+        total = total + part
+    return total / len(examples)
+
+
 def packed_runner(model: HookedTransformer) -> LastToken | None:
     """A ``LastToken`` for the model, or None (logged) when it needs the hooked path."""
     why = unsupported(model)
@@ -212,12 +251,19 @@ class AlphaTrainer:
 
     # ------------------------------------------------------------ losses
 
-    def loss_naive(self, examples: Sequence[Example]) -> Tensor:
-        """Mean first-token CE with whole prompts run through the model (the reference)."""
-        tokens, _, last = pad_right([e.tokens for e in examples], pad_id(self.model), self.model.cfg.device)
-        logits = last_logits(self.model, tokens, last, hooks=self.gate.hooks(self.model, self.t, last))
-        target = torch.tensor([e.target for e in examples], device=logits.device)
-        return F.cross_entropy(logits.float(), target)
+    def loss_naive(self, examples: Sequence[Example], backward: bool = False) -> Tensor:
+        """Mean first-token CE with whole prompts run through the model (the reference).
+
+        Memory-capped chunks as in ``first_token_loss``; with ``backward`` the gradient is
+        accumulated chunk by chunk and the loss comes back detached.
+        """
+        return first_token_loss(
+            self.model,
+            examples,
+            prefill=lambda last: self.gate.hooks(self.model, self.t, last),
+            batch_size=max(1, len(examples)),
+            backward=backward,
+        )
 
     def loss_fast(self, examples: Sequence[Example], cache: _PrefixCache, indices: Sequence[int]) -> Tensor:
         """The same loss, running only the last prompt token against cached prefixes."""
@@ -250,7 +296,7 @@ class AlphaTrainer:
         with torch.no_grad():
             if cache is not None:
                 return float(self.loss_fast(valid, cache, range(len(valid))))
-            return float(sum(self.loss_naive(valid[i : i + 32]) * len(valid[i : i + 32]) for i in range(0, len(valid), 32)) / len(valid))
+            return float(self.loss_naive(valid))
 
     def fit(self, train: Sequence[Example], valid: Sequence[Example] = (), progress=None) -> AlphaGate:
         """Train theta; returns the gate holding the best (or last) theta."""
@@ -274,15 +320,16 @@ class AlphaTrainer:
             opt.zero_grad(set_to_none=True)
             if fast:
                 loss = self.loss_fast(used_examples, tr_cache, [remap[i] for i in batch])
-            else:
-                loss = self.loss_naive([train[i] for i in batch])
+            else:  # whole prompts: gradients accumulated over memory-capped chunks
+                loss = self.loss_naive([train[i] for i in batch], backward=True)
             if not torch.isfinite(loss):
                 self.history.stopped_early = f"non-finite loss ({loss.item()}) at step {step}; kept the theta of step {step - 1}"
                 log.error(self.history.stopped_early)
                 with torch.no_grad():
                     self.gate.theta.copy_(last_good)
                 break
-            loss.backward()
+            if fast:
+                loss.backward()
             opt.step()
             if not torch.isfinite(self.gate.theta).all():
                 self.history.stopped_early = f"non-finite theta after step {step}; kept the theta of step {step - 1}"

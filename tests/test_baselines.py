@@ -5,9 +5,10 @@ import torch
 from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
 from site_lens.baselines import I2CL, IA3, METHODS, LoRA, TaskContext, score_method
-from site_lens.baselines.base import first_token_loss, train_valid_examples
+from site_lens.baselines.base import train_valid_examples
 from site_lens.config import EvalConfig
 from site_lens.inject import last_logits
+from site_lens.selection import first_token_loss
 from site_lens.tasks import load_task
 
 
@@ -264,7 +265,7 @@ def test_last_token_means_equal_the_cache(model):
 
 def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
     """One-row chunks back-propagated one at a time give the whole batch's loss and gradient."""
-    from site_lens.baselines import base
+    from site_lens import selection
 
     m = I2CL()
     m.init_params(model, torch.randn(2, model.cfg.n_layers, model.cfg.d_model))
@@ -274,14 +275,14 @@ def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
     loss.backward()
     whole = m.lam.grad.clone()
     m.lam.grad = None
-    monkeypatch.setattr(base, "GRAD_CELLS", 1)  # every chunk a single row
+    monkeypatch.setattr(selection, "GRAD_CELLS", 1)  # every chunk a single row
     seen = []
 
     def counting(model, tokens, *args, **kwargs):
         seen.append(len(tokens))
         return last_logits(model, tokens, *args, **kwargs)
 
-    monkeypatch.setattr(base, "last_logits", counting)
+    monkeypatch.setattr(selection, "last_logits", counting)
     acc = first_token_loss(model, batch, m.persistent_hooks(model), backward=True)
     assert seen == [1] * len(batch)
     assert not acc.requires_grad
@@ -291,12 +292,13 @@ def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
 
 def test_training_with_one_row_chunks_matches_whole_batches(model, task, monkeypatch):
     """The memory cap changes how a step is computed, not what it learns."""
-    from site_lens.baselines import TrainConfig, base
+    from site_lens import selection
+    from site_lens.baselines import TrainConfig
 
     cfg = TrainConfig(steps=5, batch_size=4, eval_every=0)
     a = I2CL(train=cfg)
     a.fit(model, task, 0)
-    monkeypatch.setattr(base, "GRAD_CELLS", 1)
+    monkeypatch.setattr(selection, "GRAD_CELLS", 1)
     b = I2CL(train=cfg)
     b.fit(model, task, 0)
     torch.testing.assert_close(b.lam, a.lam)

@@ -94,3 +94,26 @@ def test_fit_rejects_empty_train(model):
     t = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     with pytest.raises(ValueError, match="at least one"):
         AlphaTrainer(model, t).fit([])
+
+
+def test_naive_fit_with_one_row_chunks_matches_whole_batches(model, monkeypatch):
+    """Whole-prompt training accumulates gradients over memory-capped chunks: same theta, one row per pass."""
+    from site_lens import selection
+
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    ex = _examples(model, WORDS[:6] + ["elephant", "ox"])
+    cfg = SelectionConfig(steps=4, batch_size=4, eval_every=0, fast=False)
+    whole = AlphaTrainer(model, t, cfg).fit(ex).theta.detach().clone()
+    monkeypatch.setattr(selection, "GRAD_CELLS", 1)  # every chunk a single row
+    rows = []
+    real = selection.last_logits
+
+    def counting(model, tokens, *args, **kwargs):
+        rows.append(len(tokens))
+        return real(model, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(selection, "last_logits", counting)
+    chunked = AlphaTrainer(model, t, cfg).fit(ex).theta.detach()
+    assert rows == [1] * (cfg.steps * cfg.batch_size)
+    assert not torch.equal(whole, torch.zeros_like(whole))  # it trained
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-4)

@@ -30,7 +30,6 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
@@ -43,12 +42,11 @@ from ..inject import (
     encode,
     fit_batches,
     generate_greedy,
-    last_logits,
     pad_id,
     pad_right,
 )
 from ..metrics import score
-from ..selection import Example, _PrefixCache, gated_prefix_loss, make_examples, packed_runner
+from ..selection import Example, _PrefixCache, first_token_loss, gated_prefix_loss, make_examples, packed_runner
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 
 log = logging.getLogger(__name__)
@@ -189,45 +187,6 @@ def score_method(
 
 
 # ---------------------------------------------------------------- first-token losses and training
-
-
-# Attention cells one differentiable pass may keep for backward, summed over layers
-# (rows * heads * padded length^2 * layers): ~1 GiB per float32 tensor kept. A batch of
-# 8 zero-shot squad_val prompts (up to ~830 tokens) took 17 GiB and was killed; the other
-# 44 FV tasks' batches of 8 (longest: ag_news, 273 tokens) stay whole.
-GRAD_CELLS = 2**28
-
-
-def first_token_loss(
-    model: HookedTransformer,
-    examples: Sequence[Example],
-    hooks: Hooks = (),
-    prefill: HookFactory | None = None,
-    batch_size: int = 32,
-    backward: bool = False,
-) -> Tensor:
-    """Mean cross-entropy of the answer's first token over whole zero-shot prompts (differentiable).
-
-    Chunks of up to ``batch_size`` rows are cut to fit ``ATTN_CELLS`` (``GRAD_CELLS`` over all
-    layers while gradients are on). With ``backward`` each chunk's share of the mean is
-    back-propagated at once (gradient accumulation: one chunk's graph alive at a time) and
-    the mean comes back detached.
-    """
-    cells = GRAD_CELLS // model.cfg.n_layers if torch.is_grad_enabled() else None
-    lengths = [len(e.tokens) for e in examples]
-    total = torch.zeros((), device=model.cfg.device)
-    for idx in fit_batches(range(len(examples)), lengths, batch_size, model.cfg.n_heads, cells):
-        chunk = [examples[i] for i in idx]
-        tokens, mask, last = pad_right([e.tokens for e in chunk], pad_id(model), model.cfg.device)
-        with model.hooks(fwd_hooks=list(hooks)):
-            logits = last_logits(model, tokens, last, hooks=prefill(last) if prefill else [], attention_mask=mask)
-        target = torch.tensor([e.target for e in chunk], device=logits.device)
-        part = F.cross_entropy(logits.float(), target, reduction="sum")
-        if backward:
-            (part / len(examples)).backward()
-            part = part.detach()
-        total = total + part
-    return total / len(examples)
 
 
 @dataclass
