@@ -23,6 +23,8 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
+from .tasks import answer_sep
+
 Hooks = list[tuple[str, Callable]]
 
 
@@ -50,13 +52,14 @@ def encode(model: HookedTransformer, texts: Sequence[str]) -> list[list[int]]:
 
 
 def answer_ids(model: HookedTransformer, prompt: str, answer: str) -> list[int]:
-    """Tokens of ' {answer}' as they follow ``prompt`` (see tasks.py on the leading space)."""
+    """Tokens of ' {answer}' (no space before a numeric answer) as they follow ``prompt`` (see tasks.py)."""
+    text = answer_sep(answer) + answer
     p = encode(model, [prompt])[0]
-    full = encode(model, [prompt + " " + answer])[0]
+    full = encode(model, [prompt + text])[0]
     if full[: len(p)] == p and len(full) > len(p):
         return full[len(p) :]
     # the space merged across the boundary: tokenise the answer on its own
-    ids = model.tokenizer(" " + answer, add_special_tokens=False)["input_ids"]
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     return list(ids)
 
 

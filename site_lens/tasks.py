@@ -9,9 +9,16 @@ Prompt format (the SITE and FV papers' default):
 The prompt ends right after "A:", with no trailing space. The answer the model
 should produce is therefore " {y}": the tokenizer's leading-space convention
 puts the space inside the answer's first token (GPT-2/Llama-style BPE), which
-is how the demonstrations tokenise too. ``answer_token_ids`` tokenises prompt +
-" " + answer and keeps the tokens after the prompt, so the target is the very
-token the model is scored on.
+is how the demonstrations tokenise too. ``tokens.answer_ids`` tokenises prompt
++ ``answer_sep(y)`` + answer and keeps the tokens after the prompt, so the
+target is the very token the model is scored on.
+
+Numeric answers (those starting with a digit) take no space: "A:5", as the
+SITE paper's official code writes them. Llama-style tokenizers split digits
+from a preceding space, so " 5" would make the first answer token a bare
+space, the same for every item, and first-token training and scoring would
+learn and measure nothing. Demonstrations, stage-1 prompts and targets all
+use ``answer_sep``, so they agree.
 """
 
 from __future__ import annotations
@@ -191,9 +198,19 @@ def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> T
 # ---------------------------------------------------------------- prompts
 
 
+def answer_sep(y: str) -> str:
+    """What goes between 'A:' and the answer: nothing before a numeric answer (one starting with a digit), else a space."""
+    return "" if y[:1].isdigit() else " "
+
+
+def format_pair(x: str, y: str) -> str:
+    """One question and its answer: 'Q: {x}\\nA: {y}' ('A:{y}' for a numeric answer)."""
+    return f"Q: {x}\nA:{answer_sep(y)}{y}"
+
+
 def format_demo(x: str, y: str) -> str:
-    """One demonstration: 'Q: {x}\\nA: {y}\\n\\n'."""
-    return f"Q: {x}\nA: {y}\n\n"
+    """One demonstration: 'Q: {x}\\nA: {y}\\n\\n' (see ``answer_sep``)."""
+    return format_pair(x, y) + "\n\n"
 
 
 def format_query(x: str) -> str:

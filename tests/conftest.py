@@ -33,6 +33,13 @@ def smollm():
     return load_model("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def gemma():
+    from site_lens import load_model
+
+    return load_model("gemma-3-270m")
+
+
 @pytest.fixture
 def fv_dir():
     if not FV_DIR.is_dir():

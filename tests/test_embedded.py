@@ -80,12 +80,10 @@ def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
     assert torch.allclose(first_p, first_h)
 
 
-def test_gemma3_packed_paths_equal_hooked():
+def test_gemma3_packed_paths_equal_hooked(gemma):
     """Gemma 3 270M (the second embedded family): packed training loss/grad and decoding equal the hooked model."""
-    from site_lens import load_model
     from site_lens.inject import encode, generate_greedy
 
-    gemma = load_model("gemma-3-270m")
     ln, gn, fast = _fast_and_naive(gemma)
     for lf, _ in fast.values():
         assert abs(lf - ln) < 1e-5
@@ -97,3 +95,22 @@ def test_gemma3_packed_paths_equal_hooked():
     prompts = encode(gemma, ["Q: hot\nA:", "Q: up\nA: down\n\nQ: big\nA: small\n\nQ: wide\nA:", "Q: cat\nA:"])
     kw = dict(max_new_tokens=8, stop_ids=set())
     assert generate_greedy(gemma, prompts, **kw)[0] == generate_greedy(gemma, prompts, packed=False, **kw)[0]
+
+
+@pytest.mark.parametrize("which", ["smollm", "gemma"])
+def test_numeric_answer_targets_a_digit(which, request):
+    """'A:5' has no space before a number, so the first target token is the digit itself, as in the demonstrations."""
+    from site_lens.inject import answer_ids, encode
+    from site_lens.tasks import build_prompt
+
+    model = request.getfixturevalue(which)
+    for answer in ("5", "12", "1990"):
+        prompt = build_prompt([("cat", "3"), ("house", "5")], "zebra")
+        first = model.tokenizer.decode([answer_ids(model, prompt, answer)[0]])
+        assert first == answer[0], (answer, first)
+        assert encode(model, [prompt + answer])[0][-len(answer_ids(model, prompt, answer)) :] == answer_ids(model, prompt, answer)
+    # the old format's dead target: the token after "A:" for " 5" is a bare space on these tokenizers
+    spaced = encode(model, ["Q: zebra\nA: 5"])[0][len(encode(model, ["Q: zebra\nA:"])[0])]
+    assert model.tokenizer.decode([spaced]).strip() == ""
+    # a word keeps its leading space inside its first token
+    assert model.tokenizer.decode([answer_ids(model, "Q: hot\nA:", "cold")[0]]).startswith(" ")

@@ -27,7 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..inject import Hooks
-from ..tasks import Task
+from ..tasks import Task, format_pair
 from .base import Method, TaskContext, TrainConfig, method_seed, sum_last_token, train_first_token, train_valid_examples
 
 KINDS = ("attn_out", "mlp_out")
@@ -74,7 +74,7 @@ class I2CL(Method):
     def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         rng = random.Random(seed)
         demos = rng.sample(list(task.train), min(self.n_demos, len(task.train)))
-        self.init_params(model, context_vectors(model, [f"Q: {x}\nA: {y}" for x, y in demos]))
+        self.init_params(model, context_vectors(model, [format_pair(x, y) for x, y in demos]))
         train, valid = train_valid_examples(model, task)
         torch.manual_seed(method_seed(seed, self.name))
         self.info = train_first_token(
