@@ -8,12 +8,13 @@ Stages, each in the module of its name:
 
 from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
 from .embeddings import build_task_embedding
-from .inject import gate_hook, generate_greedy, injection_hooks
+from .gate import AlphaGate, gate_hook, injection_hooks
+from .inject import generate_greedy
 from .io import Adapter, load_adapter, save_adapter
 from .metrics import exact_match, normalize, strict_match
 from .models import load_model, model_identity, tiny_model
 from .pipeline import evaluate, fit_site, predict, run_task
-from .selection import AlphaGate, AlphaTrainer
+from .selection import AlphaTrainer
 from .tasks import Task, build_prompt, builtin_tasks, load_task
 
 __version__ = "0.1.0"

@@ -20,18 +20,16 @@ import csv
 import io
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformer_lens import HookedTransformer
 
 from .baselines import METHODS, Method, TaskContext, score_method
-from .baselines.base import method_seed
 from .config import ConfigError, EmbeddingConfig, EvalConfig
+from .io import write_json_atomic, write_text_atomic
 from .models import model_identity
 from .tasks import TaskError, builtin_tasks, load_task
 
@@ -183,8 +181,6 @@ def run_row(
     model: HookedTransformer, method: Method, task, seed: int, ctx: TaskContext, eval_cfg: EvalConfig
 ) -> dict[str, Any]:
     """Fit one method on one task and score it on test."""
-    torch.manual_seed(method_seed(seed, method.name))
-    random.seed(method_seed(seed, method.name))
     t0 = time.perf_counter()
     method.fit(model, task, seed, ctx)
     fit_s = time.perf_counter() - t0
@@ -220,8 +216,6 @@ def run_bench(
 
     ``embedding`` sets the shared few-shot prompts (default 50 ten-shot prompts, SITE's stage 1).
     """
-    from .cli import write_json_atomic
-
     factories = factories or METHODS
     out = Path(out)
     ident = model_identity(model)
@@ -349,12 +343,6 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
     return "\n".join(lines) + "\n"
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    from .io import write_text_atomic
-
-    write_text_atomic(path, text)
-
-
 def write_summary(out: Path, sources: Sequence[Path] | None = None) -> list[dict[str, Any]]:
     """rows.csv, summary.csv and summary.md in ``out`` from the rows of ``sources`` (default ``out``)."""
     out = Path(out)
@@ -365,9 +353,9 @@ def write_summary(out: Path, sources: Sequence[Path] | None = None) -> list[dict
         (_read_json(Path(s) / SPEC_FILE) for s in sources or [] if _read_json(Path(s) / SPEC_FILE)), None
     )
     title = f"site-lens bench: {spec['model']}, max_test {spec['max_test']}" if spec else "site-lens bench"
-    _write_text_atomic(out / "rows.csv", _csv([{k: _fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
-    _write_text_atomic(out / "summary.csv", _csv([{k: _fmt(v) for k, v in s.items()} for s in summary]))
-    _write_text_atomic(out / "summary.md", markdown(rows, summary, title))
+    write_text_atomic(out / "rows.csv", _csv([{k: _fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
+    write_text_atomic(out / "summary.csv", _csv([{k: _fmt(v) for k, v in s.items()} for s in summary]))
+    write_text_atomic(out / "summary.md", markdown(rows, summary, title))
     return rows
 
 

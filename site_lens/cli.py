@@ -12,7 +12,6 @@ and exit with status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -25,19 +24,12 @@ from typing import Any
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from .config import ConfigError
-    from .inject import PromptTooLongError
     from .io import AdapterError
     from .models import ModelError
     from .tasks import TaskError
+    from .tokens import PromptTooLongError
 
     return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + fsync + rename): never half-written."""
-    from .io import write_text_atomic
-
-    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 def check_writable(out: Path) -> None:
@@ -90,7 +82,7 @@ def _site_config(args: argparse.Namespace):
 
 def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
     """Stages 1-3 and the baselines on one task; then write OUT/adapter/ and OUT/results.json."""
-    from .io import save_adapter
+    from .io import save_adapter, write_json_atomic
     from .pipeline import run_task
 
     update, close = _progress_bar(cfg.selection.steps, f"{task.name}: training alpha")

@@ -56,7 +56,7 @@ class SelectionConfig(_Config):
     max_valid: int = 100  # valid items used for model selection
     keep_best: bool = True  # restore the theta with the lowest valid loss
     fast: bool = True  # prefix KV cache: run only the last prompt token per step
-    fused: bool = True  # fast path from packed weights (lasttoken.py) where the model allows; else hooked
+    backend: str = "auto"  # fast path's backend: auto (packed where the model allows), hooked or packed
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -69,6 +69,8 @@ class SelectionConfig(_Config):
             raise ConfigError(f"SelectionConfig.batch_size must be >= 1, got {self.batch_size}")
         if self.eval_every < 0 or self.max_valid < 0:
             raise ConfigError("SelectionConfig.eval_every and max_valid must be >= 0")
+        if self.backend not in ("auto", "hooked", "packed"):
+            raise ConfigError(f"SelectionConfig.backend must be auto, hooked or packed, got {self.backend!r}")
 
 
 @dataclass

@@ -18,7 +18,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
-from .inject import check_context, encode, fit_batches, pad_id, pad_right, z_names
+from .gate import z_names
+from .tokens import check_context, encode, fit_batches, pad_id, pad_right
 
 
 def capture_last_hook(

@@ -44,6 +44,11 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + fsync + rename): never half-written."""
+    write_text_atomic(path, json.dumps(obj, indent=1))
+
+
 class AdapterError(ValueError):
     """An adapter folder is missing, corrupt, or made for another model."""
 

@@ -10,7 +10,7 @@ straight from the model's weights:
     resid = W_E[tok]
     per layer:  q, k, v = rms(resid) @ W_QKV          (one product; rotary at position P as a matrix)
                 z       = attention(q, [K_prefix; k], [V_prefix; v])   (one fused op)
-                z       = (1 - alpha) * z + alpha * t  (the gate of ``inject.gate_hook``)
+                z       = (1 - alpha) * z + alpha * t  (``gate.AlphaGate.mix``)
                 resid  += z @ W_O
                 resid  += (act(rms(resid) @ W_gate) * (rms(resid) @ W_in)) @ W_out
     logits = rms(resid) @ W_U
@@ -18,7 +18,7 @@ straight from the model's weights:
 It is the hooked model's computation with ``injection_hooks`` at the last
 token, without hooks, TransformerLens's per-call reshapes and weight copies,
 or re-rotating the whole cache each call. Weights are packed once per
-``LastToken`` (kept on the model by ``for_model``): Q/K/V and gate/up
+``LastToken`` (``backend.PackedBackend`` keeps one per model): Q/K/V and gate/up
 concatenated, the pre-norms' weights folded into the matrices after them,
 all-zero biases dropped, every matrix input-major (d_in, d_out) for the
 one-row C++ kernels of ``kernels.py`` (where they cannot be built, the down
@@ -31,8 +31,8 @@ Tests hold both to the hooked model to 1e-5 (tests/test_lasttoken.py).
 It covers Llama-style blocks (SmolLM2) and Gemma 3's additions (per-head
 Q/K RMSNorm, RMSNorm of each sublayer's output, sliding-window layers).
 ``unsupported(model)`` names what it does not cover (LayerNorm, absolute
-positions, post-norm blocks, soft caps, hooks left on the model); callers
-then use the hooked model with a frozen KV cache instead.
+positions, post-norm blocks, soft caps); ``backend.backend_for`` then uses
+the hooked model with a frozen KV cache instead.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
+from .gate import AlphaGate
 from .kernels import available as kernels_available
 from .kernels import rms_norm, row_matmul
 
@@ -84,10 +85,6 @@ def unsupported(model: HookedTransformer) -> str | None:
         (c.attention_dir != "causal", "attention is not causal"),
         (c.n_devices != 1, "the model is split over devices"),
         (c.dtype not in (torch.float32, torch.float64), "dtype is not float32/float64"),
-        (
-            any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values()),
-            "hooks are attached to the model",
-        ),
     ]
     return next((why for bad, why in checks if bad), None)
 
@@ -141,17 +138,6 @@ class DecodeCache:
 
 class LastToken:
     """One-token forward of a supported model, with SITE's gate at that token (see module docstring)."""
-
-    @classmethod
-    def for_model(cls, model: HookedTransformer) -> LastToken:
-        """A runner kept on the model, rebuilt when any parameter changes: replaced, written in place, or moved."""
-        stamp = tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
-        cached = getattr(model, "_site_lens_lasttoken", None)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        runner = cls(model)
-        model._site_lens_lasttoken = (stamp, runner)  # type: ignore[attr-defined]
-        return runner
 
     def __init__(self, model: HookedTransformer):
         why = unsupported(model)
@@ -261,14 +247,14 @@ class LastToken:
         self,
         tokens: Int[Tensor, " batch"],
         prefix: Prefix,
-        alpha: Float[Tensor, "*rows layer head_index"] | None,
-        t: Float[Tensor, "layer head_index d_head"] | None,
+        alpha: Float[Tensor, "*arows layer head_index"] | None,
+        t: Float[Tensor, "*trows layer head_index d_head"] | None,
         resid_edits: dict[int, Callable[[Tensor], Tensor]] | None = None,
     ) -> Float[Tensor, "batch d_vocab"]:
         """Logits of the token after each row's prefix, with every head's z gated toward t.
 
         ``alpha`` is one gate for all rows, (layer, head), or one per row, (batch, layer, head);
-        None runs no gate. A prefix of one row serves every row (e.g. one prompt under many
+        None runs no gate. ``t`` likewise: (layer, head, d_head) or one per row. A prefix of one row serves every row (e.g. one prompt under many
         gates). ``resid_edits[l]`` maps the token's (batch, d_model) residual at the input of
         layer l, as a hook on ``blocks.{l}.hook_resid_pre`` at that position would (FV, TV).
         """
@@ -284,7 +270,7 @@ class LastToken:
         gated = alpha is not None and t is not None
         if gated:  # per-layer views, split once: one backward op instead of one per layer; lerp wants one dtype
             alphas = alpha.to(resid.dtype).unsqueeze(-1).unbind(-3)  # (*rows, head, 1) per layer
-            ts = t.to(resid.dtype).unbind(0)  # (head, d_head) per layer
+            ts = t.to(resid.dtype).unbind(-3)  # (*rows, head, d_head) per layer
         for i, w in enumerate(self.layers):
             if i in edits:
                 resid = edits[i](resid)
@@ -303,7 +289,7 @@ class LastToken:
                 z = pattern[..., :P] @ prefix.values[i] + pattern[..., P:] * v
             z = z.reshape(B, H, D)  # (batch, head, d_head)
             if gated:
-                z = torch.lerp(z, ts[i], alphas[i])  # (1 - a) z + a t: SITE's gate, as inject.gate_hook
+                z = AlphaGate.mix(z, ts[i], alphas[i])  # (1 - a) z + a t: SITE's gate
             resid = resid + _maybe_rms(_bias(row_matmul(z.reshape(B, H * D), w["w_o"]), w["b_o"]), w["ln1_post"])
             resid = resid + self._mlp(resid, w)
         x = _rms(resid, self.w_final, self.eps_final)

@@ -22,41 +22,9 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from .stats import pearson, spearman
+
 Alphas = Mapping[str, Float[Tensor, "layer head_index"]]
-
-
-# ---------------------------------------------------------------- statistics
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks with ties averaged (as scipy.stats.rankdata)."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=float)
-    sx = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sx[j + 1] == sx[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2.0
-        i = j + 1
-    return ranks
-
-
-def pearson(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndarray | Sequence[float | int]) -> float:
-    """Pearson correlation of two flattened arrays (nan if either is constant)."""
-    a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
-    b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
-    a, b = a - a.mean(), b - b.mean()
-    den = np.sqrt((a * a).sum() * (b * b).sum())
-    return float((a * b).sum() / den) if den > 0 else float("nan")
-
-
-def spearman(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndarray | Sequence[float | int]) -> float:
-    """Spearman rank correlation (Pearson on tie-averaged ranks)."""
-    a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
-    b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
-    return pearson(_ranks(a), _ranks(b))
 
 
 def top_k_set(alpha: Float[Tensor, "layer head_index"], k: int) -> set[tuple[int, int]]:
@@ -149,24 +117,21 @@ def transfer_matrix(
     names: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """First-token accuracy on task B (columns) with B's embedding t and task A's alpha (rows)."""
-    from .cie import last_token_batches, run_last_token
-    from .inject import answer_ids, encode, injection_hooks
+    from .backend import PromptCache
     from .tasks import zero_shot_prompts
+    from .tokens import make_examples
 
     names = list(names or [n for n in adapters if n in tasks])
     out = pd.DataFrame(np.nan, index=pd.Index(names, name="alpha_from"), columns=pd.Index(names, name="task"))
     dev, dt = model.cfg.device, model.cfg.dtype
     for b in names:
-        pairs = zero_shot_prompts(tasks[b].split(split)[:max_items])
-        toks = encode(model, [p for p, _ in pairs])
-        targets = [answer_ids(model, p, y)[0] for p, y in pairs]
-        batches = last_token_batches(model, toks, targets, batch_size=64)
+        cache = PromptCache(model, make_examples(model, zero_shot_prompts(tasks[b].split(split)[:max_items])))
         t = adapters[b].t.to(device=dev, dtype=dt)
         for a in names:
             alpha = adapters[a].alpha.to(device=dev, dtype=dt)
             correct = 0
-            for batch in batches:
-                logits = run_last_token(model, batch, injection_hooks(model, t, alpha, 0))
-                correct += int((logits.argmax(-1) == batch.targets).sum())
-            out.loc[a, b] = correct / len(pairs)
+            for idx, logits in cache.logits(range(len(cache)), alpha, t):
+                target = torch.tensor([cache.examples[i].target for i in idx], device=logits.device)
+                correct += int((logits.argmax(-1) == target).sum())
+            out.loc[a, b] = correct / len(cache)
     return out

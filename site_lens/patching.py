@@ -35,7 +35,6 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -43,12 +42,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
-from transformer_lens.hook_points import HookPoint
 
-from .cie import last_token_batches, run_last_token
+from .backend import PromptCache
 from .embeddings import last_token_z
-from .inject import answer_ids, encode, injection_hooks, z_names
 from .tasks import Task, sample_icl_prompts, zero_shot_prompts
+from .tokens import Example, answer_ids, encode
 
 log = logging.getLogger(__name__)
 HeadMask = Bool[Tensor, "layer head_index"]
@@ -130,54 +128,39 @@ def patch_data(
 # ---------------------------------------------------------------- the generic routine
 
 
-def replace_hook(
-    z: Float[Tensor, "batch pos head_index d_head"],
-    hook: HookPoint,
-    source: Float[Tensor, "batch head_index d_head"],
-    mask: Float[Tensor, " head_index"],
-    last: Int[Tensor, " batch"],
-) -> Float[Tensor, "batch pos head_index d_head"]:
-    """z[b, last_b, h] <- source[b, h] where mask[h] = 1 (a per-row gate_hook with 0/1 alpha)."""
-    rows = torch.arange(z.shape[0], device=z.device)
-    old = z[rows, last]  # (batch, head, d_head)
-    m = mask.to(z.dtype)[None, :, None]  # (1, head, 1)
-    return z.index_put((rows, last), (1 - m) * old + m * source.to(z.dtype))
-
-
 @torch.inference_mode()
 def generic_head_patch(
     model: HookedTransformer,
     data: PatchData,
     source: Float[Tensor, "layer head_index d_head"] | Float[Tensor, "prompt layer head_index d_head"],
     masks: Sequence[HeadMask],
-    batch_size: int = 64,
+    cache: PromptCache | None = None,
 ) -> tuple[Float[Tensor, " cond"], Float[Tensor, " cond"]]:
-    """(accuracy, mean answer probability) with ``source`` replacing hook_z at the last token of each mask's heads."""
+    """(accuracy, mean answer probability) with ``source`` replacing hook_z at the last token of each mask's heads.
+
+    Replacing is SITE's gate with alpha = 1 on the mask's heads and 0 elsewhere; ``source`` is
+    one activation for every prompt or one per prompt. Only the last token is patched, so each
+    prompt's prefix is cached once (``cache``, built here if not given) and every condition
+    runs one token per prompt.
+    """
     dev, dt = model.cfg.device, model.cfg.dtype
-    n = len(data.tokens)
+    cache = cache or patch_cache(model, data)
     src = source.to(device=dev, dtype=dt)
-    if src.dim() == 3:
-        src = src.expand(n, *src.shape)  # (prompt, layer, head, d_head)
-    names = z_names(model)
-    # only the last token is patched: each prompt's prefix is cached once and every condition runs one token
-    batches = last_token_batches(model, data.tokens, data.targets.tolist(), batch_size)
     acc, prob = torch.zeros(len(masks)), torch.zeros(len(masks))
     for c, mask in enumerate(masks):
         m = mask.to(device=dev, dtype=dt)
-        for batch in batches:
-            rows = torch.arange(len(batch.index), device=dev)
-            hooks = [
-                (
-                    names[layer],
-                    partial(replace_hook, source=src[batch.index, layer], mask=m[layer], last=torch.zeros_like(rows)),
-                )
-                for layer in range(model.cfg.n_layers)
-                if bool(mask[layer].any())
-            ]
-            logits = run_last_token(model, batch, hooks).float()
-            acc[c] += float((logits.argmax(-1) == batch.targets).sum())
-            prob[c] += float(logits.softmax(-1)[rows, batch.targets].sum())
+        for idx, logits in cache.logits(range(len(cache)), m, src):
+            target = data.targets[idx].to(dev)
+            logits = logits.float()
+            acc[c] += float((logits.argmax(-1) == target).sum())
+            prob[c] += float(logits.softmax(-1)[torch.arange(len(idx), device=dev), target].sum())
+    n = len(data.tokens)
     return acc / n, prob / n
+
+
+def patch_cache(model: HookedTransformer, data: PatchData) -> PromptCache:
+    """The prompts' cached prefixes, for repeated last-token runs."""
+    return PromptCache(model, [Example(list(t), int(y)) for t, y in zip(data.tokens, data.targets)])
 
 
 @torch.inference_mode()
@@ -186,15 +169,17 @@ def site_reference(
     data: PatchData,
     t: Float[Tensor, "layer head_index d_head"],
     alpha: Float[Tensor, "layer head_index"],
+    cache: PromptCache | None = None,
 ) -> tuple[float, float]:
     """(accuracy, mean answer probability) with full SITE injected (soft alpha)."""
     dev, dt = model.cfg.device, model.cfg.dtype
-    hooks = injection_hooks(model, t.to(device=dev, dtype=dt), alpha.to(device=dev, dtype=dt), 0)
+    cache = cache or patch_cache(model, data)
     correct, total = 0.0, 0.0
-    for batch in last_token_batches(model, data.tokens, data.targets.tolist(), 64):
-        logits = run_last_token(model, batch, hooks).float()
-        correct += float((logits.argmax(-1) == batch.targets).sum())
-        total += float(logits.softmax(-1)[torch.arange(len(batch.index)), batch.targets].sum())
+    for idx, logits in cache.logits(range(len(cache)), alpha.to(device=dev, dtype=dt), t.to(device=dev, dtype=dt)):
+        target = data.targets[idx].to(dev)
+        logits = logits.float()
+        correct += float((logits.argmax(-1) == target).sum())
+        total += float(logits.softmax(-1)[torch.arange(len(idx), device=dev), target].sum())
     return correct / len(data.tokens), total / len(data.tokens)
 
 

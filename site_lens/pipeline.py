@@ -18,12 +18,15 @@ from transformer_lens import HookedTransformer
 
 from .config import EmbeddingConfig, EvalConfig, SiteConfig
 from .embeddings import build_task_embedding
-from .inject import answer_ids, encode, generate_greedy, injection_hooks
+from .gate import injection_hooks
+from .inject import generate_greedy
 from .io import Adapter
 from .metrics import score
 from .models import model_identity
-from .selection import AlphaTrainer, TrainHistory, make_examples
+from .selection import AlphaTrainer
 from .tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
+from .tokens import answer_ids, encode, make_examples
+from .training import TrainHistory
 
 log = logging.getLogger(__name__)
 METHODS = ("zero_shot", "icl", "site")

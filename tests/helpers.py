@@ -27,4 +27,6 @@ def tiny(**overrides):
 
     tok = char_tokenizer()
     overrides.setdefault("d_vocab", len(tok.get_vocab()))
+    gemma_like = overrides.get("use_qk_norm") or overrides.get("use_normalization_before_and_after")
+    overrides.setdefault("original_architecture", "Gemma3ForCausalLM" if gemma_like else "LlamaForCausalLM")
     return tiny_model(tokenizer=tok, **overrides)

@@ -4,12 +4,12 @@ import pytest
 import torch
 from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
+from site_lens.backend import last_logits, use_backend
 from site_lens.baselines import I2CL, IA3, METHODS, LoRA, TaskContext, score_method
 from site_lens.baselines.base import train_valid_examples
 from site_lens.config import EvalConfig
-from site_lens.inject import last_logits
-from site_lens.selection import first_token_loss
 from site_lens.tasks import load_task
+from site_lens.training import first_token_loss
 
 
 @pytest.fixture(scope="module")
@@ -204,10 +204,16 @@ def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
         "tv": (tv._factory(model), lambda layer: lambda r: tv.vectors[layer].expand_as(r)),
     }
     for name, (factory, edit) in cases.items():
-        _, hooked = choose_layer(model, valid, factory, layers)
-        _, packed = choose_layer(model, valid, factory, layers, edit=edit)
-        assert packed == pytest.approx(hooked, abs=1e-5), name
-        assert max(hooked) - min(hooked) > 1e-3  # the layer matters, so the comparison means something
+        whole = [float(first_token_loss(model, valid, prefill=factory(layer))) for layer in layers]  # whole prompts
+        _, packed = choose_layer(model, valid, edit, layers)
+        use_backend(model, "hooked")
+        try:
+            _, hooked = choose_layer(model, valid, edit, layers)
+        finally:
+            use_backend(model, "auto")
+        assert packed == pytest.approx(whole, abs=1e-5), name
+        assert hooked == pytest.approx(whole, abs=1e-5), name
+        assert max(whole) - min(whole) > 1e-3  # the layer matters, so the comparison means something
 
 
 def test_score_method_rows(model, task, fitted):
@@ -265,7 +271,7 @@ def test_last_token_means_equal_the_cache(model):
 
 def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
     """One-row chunks back-propagated one at a time give the whole batch's loss and gradient."""
-    from site_lens import selection
+    from site_lens import training
 
     m = I2CL()
     m.init_params(model, torch.randn(2, model.cfg.n_layers, model.cfg.d_model))
@@ -275,14 +281,14 @@ def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
     loss.backward()
     whole = m.lam.grad.clone()
     m.lam.grad = None
-    monkeypatch.setattr(selection, "GRAD_CELLS", 1)  # every chunk a single row
+    monkeypatch.setattr(training, "GRAD_CELLS", 1)  # every chunk a single row
     seen = []
 
     def counting(model, tokens, *args, **kwargs):
         seen.append(len(tokens))
         return last_logits(model, tokens, *args, **kwargs)
 
-    monkeypatch.setattr(selection, "last_logits", counting)
+    monkeypatch.setattr(training, "last_logits", counting)
     acc = first_token_loss(model, batch, m.persistent_hooks(model), backward=True)
     assert seen == [1] * len(batch)
     assert not acc.requires_grad
@@ -292,13 +298,13 @@ def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
 
 def test_training_with_one_row_chunks_matches_whole_batches(model, task, monkeypatch):
     """The memory cap changes how a step is computed, not what it learns."""
-    from site_lens import selection
+    from site_lens import training
     from site_lens.baselines import TrainConfig
 
     cfg = TrainConfig(steps=5, batch_size=4, eval_every=0)
     a = I2CL(train=cfg)
     a.fit(model, task, 0)
-    monkeypatch.setattr(selection, "GRAD_CELLS", 1)
+    monkeypatch.setattr(training, "GRAD_CELLS", 1)
     b = I2CL(train=cfg)
     b.fit(model, task, 0)
     torch.testing.assert_close(b.lam, a.lam)

@@ -1,27 +1,28 @@
 import torch
 
-from site_lens.cie import (
-    alpha_cie_correlation,
-    causal_indirect_effect,
-    last_token_batches,
-    run_last_token,
-    shuffled_label_prompts,
-)
+from site_lens.backend import PromptCache, last_logits, use_backend
+from site_lens.cie import alpha_cie_correlation, causal_indirect_effect, shuffled_label_prompts
 from site_lens.embeddings import build_task_embedding
-from site_lens.inject import encode, last_logits, pad_id, pad_right
 from site_lens.tasks import load_task
+from site_lens.tokens import Example, encode, pad_id, pad_right
 
 
 def test_cached_last_token_matches_full_forward(model):
-    prompts = ["Q: a\nA:", "Q: hello\nA:", "Q: xy\nA: z\n\nQ: b\nA:"]
+    prompts = ["Q: a\nA:", "Q: hello\nA:", "Q: xy\nA: z\n\nQ: b\nA:", "Q: b\nA:"]
     toks = encode(model, prompts)
-    batches = last_token_batches(model, toks, [1, 2, 3], batch_size=2)
     tokens, mask, last = pad_right(toks, pad_id(model))
     full = last_logits(model, tokens, last, attention_mask=mask)
-    got = torch.empty_like(full)
-    for b in batches:
-        got[b.index] = run_last_token(model, b)
-    assert torch.allclose(got, full, atol=1e-4)
+    for kind in ("hooked", "packed"):
+        use_backend(model, kind)
+        try:
+            cache = PromptCache(model, [Example(t, 1) for t in toks], batch_size=1)
+        finally:
+            use_backend(model, "auto")
+        assert cache.backend.name == kind
+        got = torch.empty_like(full)
+        for idx, logits in cache.logits([3, 1, 0, 2]):
+            got[idx] = logits
+        assert torch.allclose(got, full, atol=1e-4), kind
 
 
 def test_shuffled_label_prompts_keep_labels_and_shots():
@@ -52,17 +53,33 @@ def test_cie_nonzero_for_other_embedding(model):
     assert set(stats) == {"pearson", "spearman", "n_heads"} and -1 <= stats["spearman"] <= 1
 
 
-def test_packed_cie_equals_hooked_cie(model):
-    from site_lens.cie import _cie_hooked, _cie_packed, _prompts_and_targets
+def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
+    from site_lens.cie import _prompts_and_targets
+    from site_lens.gate import injection_hooks
 
     task = load_task("antonym")
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
-    tokens, targets = _prompts_and_targets(model, task, 4, 2, 0)
-    with torch.inference_mode():
-        hooked = _cie_hooked(model, tokens, targets, t, batch_size=3)
-        packed = _cie_packed(model, tokens, targets, t, rows_per_call=3)  # several calls per prompt
+    packed = causal_indirect_effect(model, task, t, n_prompts=4, n_shots=2, rows_per_call=3)  # several calls a prompt
+    use_backend(model, "hooked")
+    try:
+        hooked = causal_indirect_effect(model, task, t, n_prompts=4, n_shots=2)
+    finally:
+        use_backend(model, "auto")
     assert torch.allclose(hooked, packed, atol=1e-6), (hooked - packed).abs().max()
     assert hooked.abs().max() > 1e-4
+    # the definition, head by head on whole prompts: P(y | head patched to t) - P(y | corrupted)
+    tokens, targets = _prompts_and_targets(model, task, 4, 2, 0)
+    layer, head = divmod(int(packed.abs().argmax()), model.cfg.n_heads)
+    alpha = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    alpha[layer, head] = 1
+    rise = 0.0
+    for toks, y in zip(tokens, targets):
+        ids = torch.tensor([toks])
+        last = torch.tensor([len(toks) - 1])
+        base = last_logits(model, ids, last).softmax(-1)[0, y]
+        patched = last_logits(model, ids, last, hooks=injection_hooks(model, t, alpha, last)).softmax(-1)[0, y]
+        rise += float(patched - base) / len(tokens)
+    assert abs(rise - float(packed[layer, head])) < 1e-5
 
 
 def test_cie_falls_back_to_hooks_on_unsupported_models():
@@ -71,5 +88,8 @@ def test_cie_falls_back_to_hooks_on_unsupported_models():
     ln = tiny(normalization_type="LN", final_rms=False)
     task = load_task("antonym")
     t = torch.randn(ln.cfg.n_layers, ln.cfg.n_heads, ln.cfg.d_head) * 3
+    from site_lens.backend import backend_for
+
+    assert backend_for(ln).name == "hooked"
     cie = causal_indirect_effect(ln, task, t, n_prompts=2, n_shots=2)
     assert cie.shape == (ln.cfg.n_layers, ln.cfg.n_heads) and cie.abs().max() > 0

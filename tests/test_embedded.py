@@ -8,15 +8,15 @@ pytestmark = pytest.mark.slow
 
 def test_smollm2_shape_and_hf_parity(smollm):
     assert (smollm.cfg.n_layers, smollm.cfg.n_heads, smollm.cfg.d_head) == (30, 9, 64)
-    from site_lens.inject import encode
+    from site_lens.tokens import encode
 
     ids = torch.tensor(encode(smollm, ["Q: hot\nA: cold\n\nQ: big\nA: small\n\nQ: fast\nA:"]))
     assert smollm.to_string(smollm(ids)[0, -1].argmax()) == " slow"
 
 
 def test_weight_cache_loads_identical_model(smollm, tmp_path):
-    from site_lens.inject import encode
     from site_lens.models import load_model
+    from site_lens.tokens import encode
 
     a = load_model("smollm2-135m", cache_dir=tmp_path)  # cold: dequantises, writes the cache
     b = load_model("smollm2-135m", cache_dir=tmp_path)  # warm: reads the cache
@@ -41,7 +41,9 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
 def _fast_and_naive(model):
     """(naive loss, naive theta-grad, {path: (fast loss, fast theta-grad)}) on three real prompts, random theta."""
     from site_lens import build_task_embedding
-    from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+    from site_lens.backend import PromptCache, backend_for
+    from site_lens.selection import AlphaTrainer
+    from site_lens.tokens import make_examples
 
     t = build_task_embedding(model, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
     ex = make_examples(model, [("Q: hot\nA:", "cold"), ("Q: wide\nA:", "narrow"), ("Q: ancient\nA:", "modern")])
@@ -50,11 +52,10 @@ def _fast_and_naive(model):
         tr.gate.theta.normal_(generator=torch.Generator().manual_seed(0))
     ln = tr.loss_naive(ex)
     (gn,) = torch.autograd.grad(ln, tr.gate.theta)
-    runner = tr.runner()
-    assert runner is not None  # both embedded models run on the packed last-token path
+    assert tr.backend().name == "packed"  # both embedded models run on the packed last-token path
     fast = {}
-    for name, cache in (("hooked", _PrefixCache(model, ex)), ("packed", _PrefixCache(model, ex, runner=runner))):
-        lf = tr.loss_fast(ex, cache, range(len(ex)))
+    for name in ("hooked", "packed"):
+        lf = tr.loss_fast(PromptCache(model, ex, backend=backend_for(model, name)), range(len(ex)))
         fast[name] = (lf.item(), torch.autograd.grad(lf, tr.gate.theta)[0])
     return ln.item(), gn, fast
 
@@ -67,7 +68,8 @@ def test_fast_path_equals_naive_on_embedded_model(smollm):
 
 
 def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
-    from site_lens.inject import encode, generate_greedy
+    from site_lens.inject import generate_greedy
+    from site_lens.tokens import encode
 
     prompts = encode(
         smollm,
@@ -75,14 +77,15 @@ def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
     )
     kw = dict(max_new_tokens=10, stop_ids=set(), batch_size=4)
     packed, first_p = generate_greedy(smollm, prompts, **kw)
-    hooked, first_h = generate_greedy(smollm, prompts, packed=False, **kw)
+    hooked, first_h = generate_greedy(smollm, prompts, backend="hooked", **kw)
     assert packed == hooked
     assert torch.allclose(first_p, first_h)
 
 
 def test_gemma3_packed_paths_equal_hooked(gemma):
     """Gemma 3 270M (the second embedded family): packed training loss/grad and decoding equal the hooked model."""
-    from site_lens.inject import encode, generate_greedy
+    from site_lens.inject import generate_greedy
+    from site_lens.tokens import encode
 
     ln, gn, fast = _fast_and_naive(gemma)
     for lf, _ in fast.values():
@@ -94,14 +97,14 @@ def test_gemma3_packed_paths_equal_hooked(gemma):
     assert (fast["packed"][1] - gn).abs().max() < 1e-4 * gn.abs().max()
     prompts = encode(gemma, ["Q: hot\nA:", "Q: up\nA: down\n\nQ: big\nA: small\n\nQ: wide\nA:", "Q: cat\nA:"])
     kw = dict(max_new_tokens=8, stop_ids=set())
-    assert generate_greedy(gemma, prompts, **kw)[0] == generate_greedy(gemma, prompts, packed=False, **kw)[0]
+    assert generate_greedy(gemma, prompts, **kw)[0] == generate_greedy(gemma, prompts, backend="hooked", **kw)[0]
 
 
 @pytest.mark.parametrize("which", ["smollm", "gemma"])
 def test_numeric_answer_targets_a_digit(which, request):
     """'A:5' has no space before a number, so the first target token is the digit itself, as in the demonstrations."""
-    from site_lens.inject import answer_ids, encode
     from site_lens.tasks import build_prompt
+    from site_lens.tokens import answer_ids, encode
 
     model = request.getfixturevalue(which)
     for answer in ("5", "12", "1990"):

@@ -1,7 +1,8 @@
 import torch
 
 from site_lens.embeddings import build_task_embedding, last_token_z
-from site_lens.inject import encode, z_names
+from site_lens.gate import z_names
+from site_lens.tokens import encode
 
 
 def test_stage1_equals_hand_computation(model):
@@ -29,7 +30,7 @@ def test_only_last_position_is_kept(model):
 
 
 def test_attention_budget_does_not_change_embedding(model, monkeypatch):
-    from site_lens import inject
+    from site_lens import tokens as inject
 
     prompts = ["Q: a\nA: b\n\nQ: c\nA:", "Q: dd\nA: ee\n\nQ: ffff gg\nA:", "Q: x\nA:"]
     full = build_task_embedding(model, prompts, batch_size=10)

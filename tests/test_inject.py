@@ -1,7 +1,10 @@
 import torch
 
-from site_lens.inject import encode, gate_hook, generate_greedy, injection_hooks, last_logits, pad_right, z_names
+from site_lens.backend import last_logits
+from site_lens.gate import gate_hook, injection_hooks, z_names
+from site_lens.inject import generate_greedy
 from site_lens.models import fast_layout, tiny_model
+from site_lens.tokens import encode, pad_right
 
 
 def _t(model):
@@ -126,7 +129,7 @@ def test_fast_layout_is_bit_identical():
 
 
 def test_fit_batches_respects_rows_and_attention_budget():
-    from site_lens.inject import fit_batches
+    from site_lens.tokens import fit_batches
 
     lengths = [5, 5, 5, 10, 10, 40]
     # 2 heads, budget 400 cells: three 5-token rows fit (3*2*25=150), a 10-token row joins (4*2*100=800 > 400: new batch)
@@ -142,7 +145,7 @@ def test_fit_batches_respects_rows_and_attention_budget():
 
 
 def test_attention_budget_does_not_change_generation(model, monkeypatch):
-    from site_lens import inject
+    from site_lens import tokens as inject
 
     prompts = encode(model, ["Q: sun\nA:", "Q: moonlight\nA:", "Q: x\nA:", "Q: a longer question here\nA:"])
     full, first_full = generate_greedy(model, prompts, max_new_tokens=6, stop_ids=set())

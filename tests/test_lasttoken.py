@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from site_lens import kernels
+from site_lens.backend import PackedBackend, PromptCache, backend_for, last_logits, use_backend
 from site_lens.config import SelectionConfig
-from site_lens.inject import injection_hooks, last_logits
+from site_lens.gate import injection_hooks
 from site_lens.lasttoken import LastToken, unsupported
-from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+from site_lens.selection import AlphaTrainer
+from site_lens.tokens import make_examples
 
 WORDS = ["cat", "dog", "sun", "moon", "tree", "elephant", "ox", "rock"]
 
@@ -96,11 +98,10 @@ def test_packed_fast_loss_and_grad_equal_naive(model):
     tr = AlphaTrainer(model, t)
     with torch.no_grad():
         tr.gate.theta.normal_()
-    runner = tr.runner()
-    assert isinstance(runner, LastToken)
-    cache = _PrefixCache(model, ex, batch_size=3, runner=runner)  # several chunks per length group
+    assert isinstance(tr.backend(), PackedBackend)
+    cache = PromptCache(model, ex, batch_size=3)  # several chunks per length group
     idx = [5, 0, 6, 2, 1]  # mixed prefix lengths, out of order
-    lf = tr.loss_fast(ex, cache, idx)
+    lf = tr.loss_fast(cache, idx)
     (gf,) = torch.autograd.grad(lf, tr.gate.theta)
     ln = tr.loss_naive([ex[i] for i in idx])
     (gn,) = torch.autograd.grad(ln, tr.gate.theta)
@@ -113,8 +114,8 @@ def test_fit_packed_equals_fit_hooked(model):
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = _examples(model)
     thetas = []
-    for fused in (True, False):
-        cfg = SelectionConfig(steps=12, eval_every=4, fused=fused)
+    for backend in ("packed", "hooked"):
+        cfg = SelectionConfig(steps=12, eval_every=4, backend=backend)
         gate = AlphaTrainer(model, t, cfg, seed=1).fit(ex[:6], ex[6:])
         thetas.append(gate.theta.detach().clone())
     assert torch.allclose(thetas[0], thetas[1], atol=1e-4)
@@ -138,19 +139,55 @@ def test_unsupported_configs_are_named_and_fall_back(overrides, reason):
         LastToken(model)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     tr = AlphaTrainer(model, t)
-    assert tr.runner() is None  # the trainer uses the hooked model instead
+    assert tr.backend().name == "hooked" and reason in tr.backend().reason  # the hooked model instead
+    with pytest.raises(ValueError, match=reason):
+        backend_for(model, "packed")
     ex = _examples(model)
-    lf = tr.loss_fast(ex, _PrefixCache(model, ex), range(len(ex)))
+    lf = tr.loss_fast(PromptCache(model, ex), range(len(ex)))
     assert abs(lf.item() - tr.loss_naive(ex).item()) < 1e-5
 
 
-def test_hooks_left_on_the_model_disable_the_packed_path(model):
+def test_architecture_off_the_allow_list_uses_the_hooked_backend():
+    """A config that passes every structural check but is not an architecture the tests cover (e.g. Qwen2)."""
+    model = _tiny(original_architecture="Qwen2ForCausalLM")
+    assert unsupported(model) is None
+    b = backend_for(model)
+    assert b.name == "hooked" and "Qwen2ForCausalLM" in b.reason
+
+
+def test_probe_mismatch_falls_back_to_hooked(monkeypatch, caplog):
+    """When packed weights disagree with the hooked model on the probe prompt, the hooked backend is used (logged)."""
+    from site_lens import lasttoken
+
+    model = _tiny()
+    real = LastToken.logits
+    monkeypatch.setattr(lasttoken.LastToken, "logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
+    with caplog.at_level("WARNING", logger="site_lens.backend"):
+        b = backend_for(model)
+    assert b.name == "hooked" and "probe" in b.reason
+    assert "probe" in caplog.text
+
+
+def test_backend_is_chosen_once_and_recorded(model):
+    b = backend_for(model)
+    assert b.name == "packed" and "probe" in b.reason
+    assert backend_for(model) is b  # chosen once per model
+    use_backend(model, "hooked")
+    try:
+        assert backend_for(model).name == "hooked"
+    finally:
+        use_backend(model, "auto")
+    assert backend_for(model) is b
+
+
+def test_hooks_left_on_the_model_select_the_hooked_backend(model):
     model.blocks[0].attn.hook_z.add_hook(lambda act, hook: act * 2)
     try:
-        assert "hooks" in unsupported(model)
+        b = backend_for(model)
+        assert b.name == "hooked" and "hooks" in b.reason
     finally:
         model.reset_hooks()
-    assert unsupported(model) is None
+    assert backend_for(model).name == "packed"
 
 
 def test_one_prefix_many_gates_equals_row_by_row(model):
@@ -176,7 +213,7 @@ DECODE_VARIANTS = ["gqa", "mha", "partial-rotary", "adjacent-rotary", "biases", 
 def test_packed_decode_logits_equal_hooked_cache(variant):
     from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-    from site_lens.inject import pad_right
+    from site_lens.tokens import pad_right
 
     model = _variant_model(variant)
     runner = LastToken(model)
@@ -210,7 +247,7 @@ def test_generation_packed_equals_hooked_and_uncached(model):
 
     runs = {
         "packed": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set()),
-        "hooked": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), packed=False),
+        "hooked": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), backend="hooked"),
         "uncached": generate_greedy(
             model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), use_cache=False
         ),
@@ -220,23 +257,28 @@ def test_generation_packed_equals_hooked_and_uncached(model):
     assert all(len(g) == 12 for g in runs["packed"][0])
 
 
-def test_runner_is_kept_on_the_model_and_rebuilt_when_weights_change(model):
-    r1 = LastToken.for_model(model)
-    assert LastToken.for_model(model) is r1
+def test_runner_is_kept_and_rebuilt_when_weights_change(model):
+    def runner():
+        return backend_for(model).runner
+
+    r1 = runner()
+    assert runner() is r1
+    assert not hasattr(model, "_site_lens_lasttoken")  # nothing stashed on the model
     w = model.blocks[0].mlp.W_out
     with torch.no_grad():
         w.mul_(1.0)  # an in-place write, even of the same values, bumps the version
-    r2 = LastToken.for_model(model)
+    r2 = runner()
     assert r2 is not r1
-    assert LastToken.for_model(model) is r2
+    assert runner() is r2
     w.data = w.data.clone()  # replaced storage (as .to() does), same Parameter object
-    assert LastToken.for_model(model) is not r2
+    assert runner() is not r2
 
 
 def test_runner_built_under_inference_mode_still_trains(model):
     from site_lens.inject import generate_greedy
 
-    model._site_lens_lasttoken = None
+    with torch.no_grad():
+        model.blocks[0].mlp.W_out.mul_(1.0)  # weights changed: the next call rebuilds the runner
     generate_greedy(model, [[5, 9, 17]], max_new_tokens=3, stop_ids=set())  # builds the kept runner
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     gate = AlphaTrainer(model, t, SelectionConfig(steps=2, eval_every=0)).fit(_examples(model))
@@ -275,7 +317,7 @@ def test_packed_generation_drops_finished_rows_without_changing_any_row(model, m
     from site_lens.inject import generate_greedy
 
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7], [40], [12, 13], [22, 23, 24, 25]]
-    free, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), packed=False)
+    free, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), backend="hooked")
     stop = {free[0][1], free[1][3]}  # row 0 ends by step 2, row 1 by step 4; others when they meet these
     want = [g[: next((k + 1 for k, tok in enumerate(g) if tok in stop), len(g))] for g in free]
     assert len({len(g) for g in want}) > 1 and max(len(g) for g in want) == 10  # rows finish at different steps
@@ -284,9 +326,9 @@ def test_packed_generation_drops_finished_rows_without_changing_any_row(model, m
     calls = []
     select = DecodeCache.select
     monkeypatch.setattr(DecodeCache, "select", lambda self, rows: calls.append(len(rows)) or select(self, rows))
-    for packed in (True, False):
-        got, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=stop, packed=packed)
-        assert got == want, packed
+    for backend in ("packed", "hooked"):
+        got, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=stop, backend=backend)
+        assert got == want, backend
     assert calls and min(calls) < len(prompts)  # the packed decoder did drop rows
 
 
@@ -335,12 +377,12 @@ def test_packed_path_past_transformer_lens_initial_rotary_table(monkeypatch):
     assert model.blocks[0].attn.rotary_cos.shape[0] == 8 < model.cfg.n_ctx
     prompts = [[(7 * i + j) % 50 + 1 for i in range(n)] for j, n in enumerate([6, 11, 19])]
     packed = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set())
-    hooked = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), packed=False)
+    hooked = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), backend="hooked")
     uncached = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), use_cache=False)
     assert packed[0] == hooked[0] == uncached[0]
     assert torch.allclose(packed[1], uncached[1], atol=1e-5)
     # the one-row training path (rotation at the last position) past the initial table too
-    runner = LastToken.for_model(model)
+    runner = backend_for(model).runner
     tokens = torch.tensor([prompts[2]])
     gate = torch.rand(model.cfg.n_layers, model.cfg.n_heads)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)

@@ -280,7 +280,8 @@ PAIR = st.tuples(TEXT, TEXT)
 @given(demos=st.lists(PAIR, max_size=5), query=TEXT)
 def test_build_prompt_is_demos_then_query(demos, query):
     p = build_prompt(demos, query)
-    assert p == "".join(f"Q: {x}\nA: {y}\n\n" for x, y in demos) + f"Q: {query}\nA:"
+    sep = {True: "", False: " "}  # no space before an answer that starts with a digit
+    assert p == "".join(f"Q: {x}\nA:{sep[y[:1].isdigit()]}{y}\n\n" for x, y in demos) + f"Q: {query}\nA:"
     assert zero_shot_prompts([(query, "y")]) == [(f"Q: {query}\nA:", "y")]
 
 

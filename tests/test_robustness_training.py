@@ -15,10 +15,11 @@ import torch
 
 import site_lens.embeddings as emb
 from site_lens.config import ConfigError, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
-from site_lens.inject import z_names
+from site_lens.gate import z_names
 from site_lens.pipeline import evaluate, fit_site, run_task
-from site_lens.selection import AlphaTrainer, make_examples
+from site_lens.selection import AlphaTrainer
 from site_lens.tasks import Task
+from site_lens.tokens import make_examples
 
 WORDS = ["cat", "dog", "sun", "moon", "tree", "rock", "fish", "bird", "leaf", "rain", "star", "wind", "lake", "hill"]
 
@@ -66,7 +67,7 @@ def _fit_with_nan_after(model, k: int, fast: bool, valid: bool, keep_best: bool)
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "naive"])
 def test_nan_mid_training_stops_and_keeps_last_good_theta(model, fast, caplog):
-    with caplog.at_level(logging.ERROR, logger="site_lens.selection"):
+    with caplog.at_level(logging.ERROR, logger="site_lens.training"):
         tr, gate, thetas = _fit_with_nan_after(model, k=4, fast=fast, valid=False, keep_best=True)
     h = tr.history
     assert h.stopped_early == "non-finite loss (nan) at step 5; kept the theta of step 4"

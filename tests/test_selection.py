@@ -3,8 +3,10 @@ import math
 import pytest
 import torch
 
+from site_lens.backend import PromptCache
 from site_lens.config import SelectionConfig
-from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+from site_lens.selection import AlphaTrainer
+from site_lens.tokens import make_examples
 
 
 def _examples(model, words):
@@ -20,9 +22,9 @@ def test_fast_loss_and_grad_equal_naive(model):
     tr = AlphaTrainer(model, t, SelectionConfig(theta_init=0.3))
     with torch.no_grad():
         tr.gate.theta.normal_()
-    cache = _PrefixCache(model, ex)
+    cache = PromptCache(model, ex)
     idx = list(range(len(ex)))
-    lf = tr.loss_fast(ex, cache, idx)
+    lf = tr.loss_fast(cache, idx)
     (gf,) = torch.autograd.grad(lf, tr.gate.theta)
     ln = tr.loss_naive(ex)
     (gn,) = torch.autograd.grad(ln, tr.gate.theta)
@@ -66,7 +68,7 @@ def test_keep_best_restores_lowest_valid_loss(model):
     h = tr.history
     assert h.valid_step == [10, 20, 30, 40]
     assert h.best_valid_loss == min(h.valid_loss)
-    assert math.isclose(tr.valid_loss(ex[6:], None), h.best_valid_loss, rel_tol=1e-5)
+    assert math.isclose(tr.valid_loss(ex[6:]), h.best_valid_loss, rel_tol=1e-5)
     assert gate is tr.gate
 
 
@@ -98,7 +100,7 @@ def test_fit_rejects_empty_train(model):
 
 def test_naive_fit_with_one_row_chunks_matches_whole_batches(model, monkeypatch):
     """Whole-prompt training accumulates gradients over memory-capped chunks: same theta, one row per pass."""
-    from site_lens import selection
+    from site_lens import training as selection
 
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = _examples(model, WORDS[:6] + ["elephant", "ox"])

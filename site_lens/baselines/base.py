@@ -20,7 +20,6 @@ zero-shot train prompts, keeping the parameters with the lowest valid loss.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 import zlib
@@ -33,21 +32,15 @@ import torch
 from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
+from ..backend import PromptCache
 from ..config import EmbeddingConfig, EvalConfig
 from ..embeddings import build_task_embedding
-from ..inject import (
-    HookFactory,
-    Hooks,
-    answer_ids,
-    encode,
-    fit_batches,
-    generate_greedy,
-    pad_id,
-    pad_right,
-)
+from ..gate import HookFactory, Hooks
+from ..inject import generate_greedy
 from ..metrics import score
-from ..selection import Example, _PrefixCache, first_token_loss, gated_prefix_loss, make_examples, packed_runner
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
+from ..tokens import Example, answer_ids, encode, fit_batches, make_examples, pad_id, pad_right
+from ..training import first_token_loss, frozen, schedule, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -213,49 +206,30 @@ def train_first_token(
     cfg: TrainConfig,
     seed: int,
 ) -> dict[str, Any]:
-    """Adam on ``params`` (the model frozen), first-token CE; restores the best-valid parameters."""
-    model.requires_grad_(False)
-    rng = random.Random(seed)
+    """Adam on ``params`` (the model frozen), first-token CE over whole prompts; restores the best-valid parameters.
+
+    The loop is ``training.train_loop``, SITE's: validation every ``eval_every`` steps and at the
+    last, none before the first step; a non-finite loss stops training with the last finite values.
+    """
     valid = list(valid)[: cfg.max_valid]
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    history: dict[str, Any] = {"loss": [], "valid_step": [], "valid_loss": []}
+
+    def step_loss(batch: Sequence[int]) -> Tensor:
+        return first_token_loss(model, [train[i] for i in batch], hooks(), backward=True)
 
     def valid_loss() -> float:
         with torch.no_grad():
             return float(first_token_loss(model, valid, hooks()))
 
-    best = (valid_loss() if valid and cfg.eval_every else math.inf, 0, [p.detach().clone() for p in params])
-    if valid and cfg.eval_every:
-        history["valid_step"].append(0)
-        history["valid_loss"].append(best[0])
-    pool: list[int] = []
-    for step in range(1, cfg.steps + 1):
-        batch = []
-        for _ in range(cfg.batch_size):
-            if not pool:
-                pool = list(range(len(train)))
-                rng.shuffle(pool)
-            batch.append(train[pool.pop()])
-        opt.zero_grad(set_to_none=True)
-        loss = first_token_loss(model, batch, hooks(), backward=True)
-        if not torch.isfinite(loss):
-            log.error("non-finite loss at step %d; stopping", step)
-            opt.zero_grad(set_to_none=True)
-            break
-        opt.step()
-        history["loss"].append(loss.item())
-        if valid and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-            vl = valid_loss()
-            history["valid_step"].append(step)
-            history["valid_loss"].append(vl)
-            if vl < best[0]:
-                best = (vl, step, [p.detach().clone() for p in params])
-    if valid and cfg.eval_every and math.isfinite(best[0]):
-        with torch.no_grad():
-            for p, b in zip(params, best[2]):
-                p.copy_(b)
-        history["best_step"], history["best_valid_loss"] = best[1], best[0]
-    return history
+    with frozen(model):
+        history = train_loop(
+            list(params),
+            schedule(len(train), cfg.steps, cfg.batch_size, seed),
+            step_loss,
+            valid_loss if valid and cfg.eval_every else None,
+            lr=cfg.lr,
+            eval_every=cfg.eval_every,
+        )
+    return history.to_dict()
 
 
 def train_valid_examples(model: HookedTransformer, task: Task) -> tuple[list[Example], list[Example]]:
@@ -266,28 +240,19 @@ def train_valid_examples(model: HookedTransformer, task: Task) -> tuple[list[Exa
 def choose_layer(
     model: HookedTransformer,
     valid: Sequence[Example],
-    factory: Callable[[int], HookFactory],
+    edit: Callable[[int], Callable[[Tensor], Tensor]],
     layers: Sequence[int],
-    edit: Callable[[int], Callable[[Tensor], Tensor]] | None = None,
 ) -> tuple[int, list[float]]:
-    """The layer whose prefill intervention gives the lowest first-token valid loss.
+    """The layer whose edit of the last token's residual (at that layer's input) gives the lowest first-token valid loss.
 
-    ``factory(layer)`` gives the intervention as hooks; ``edit(layer)``, when the method
-    can say it as a change of the last token's residual at the input of that layer, lets
-    a Llama-style model score every layer on the packed last-token path (cached prefixes,
-    one token per prompt; ``lasttoken.LastToken``) instead of whole prompts.
+    ``edit(layer)`` maps the token's (batch, d_model) residual, as a hook on
+    ``blocks.{layer}.hook_resid_pre`` at the last prompt position would; every layer is scored
+    against cached prefixes, one token per prompt (``backend.PromptCache``).
     """
     losses = []
-    runner = packed_runner(model) if edit is not None and valid else None
     with torch.inference_mode():
-        if runner is not None:
-            assert edit is not None
-            cache = _PrefixCache(model, valid, runner=runner)
-            for layer in layers:
-                loss = gated_prefix_loss(model, valid, cache, range(len(valid)), None, None, {layer: edit(layer)})
-                losses.append(float(loss))
-        else:
-            for layer in layers:
-                losses.append(float(first_token_loss(model, valid, prefill=factory(layer))))
+        cache = PromptCache(model, valid)
+        for layer in layers:
+            losses.append(float(cache.loss(range(len(valid)), resid_edits={layer: edit(layer)})))
     best = min(range(len(layers)), key=lambda i: losses[i])
     return layers[best], losses

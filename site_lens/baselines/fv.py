@@ -29,7 +29,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..cie import causal_indirect_effect
-from ..inject import HookFactory
+from ..gate import HookFactory
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
@@ -88,9 +88,9 @@ class FunctionVector(Method):
 
     name = "fv"
 
-    def __init__(self, k: int = 10, n_cie_prompts: int = 25, n_shots: int = 10):
+    def __init__(self, k: int = 10, n_cie_prompts: int = 25, n_shots: int = 10, max_valid: int = 50):
         super().__init__()
-        self.k, self.n_cie_prompts, self.n_shots = k, n_cie_prompts, n_shots
+        self.k, self.n_cie_prompts, self.n_shots, self.max_valid = k, n_cie_prompts, n_shots, max_valid
         self.v: Tensor | None = None
         self.layer = 0
 
@@ -108,7 +108,7 @@ class FunctionVector(Method):
         _, valid = train_valid_examples(model, task)
         v = self.v.to(device=model.cfg.device, dtype=model.cfg.dtype)
         self.layer, losses = choose_layer(
-            model, valid[:50], self._factory(model), list(range(model.cfg.n_layers)), edit=lambda _: lambda r: r + v
+            model, valid[: self.max_valid], lambda _: lambda r: r + v, list(range(model.cfg.n_layers))
         )
         self.info = {"heads": [f"L{l}H{h}" for l, h in heads], "layer": self.layer, "valid_loss_by_layer": losses}
 

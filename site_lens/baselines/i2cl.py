@@ -26,9 +26,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
-from ..inject import Hooks
+from ..gate import Hooks
 from ..tasks import Task, format_pair
-from .base import Method, TaskContext, TrainConfig, method_seed, sum_last_token, train_first_token, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, sum_last_token, train_first_token, train_valid_examples
 
 KINDS = ("attn_out", "mlp_out")
 
@@ -76,7 +76,6 @@ class I2CL(Method):
         demos = rng.sample(list(task.train), min(self.n_demos, len(task.train)))
         self.init_params(model, context_vectors(model, [format_pair(x, y) for x, y in demos]))
         train, valid = train_valid_examples(model, task)
-        torch.manual_seed(method_seed(seed, self.name))
         self.info = train_first_token(
             model, [self.lam], lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
         )

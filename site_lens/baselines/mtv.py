@@ -7,9 +7,10 @@ prompt token. phi is trained with REINFORCE: each step samples a head mask,
 the reward is minus the first-token cross-entropy on a batch of zero-shot
 train prompts with those heads replaced, and a running-mean baseline reduces
 the variance. At inference the heads with p > 0.5 are replaced (the
-deterministic mode of the policy). The replacement is ``inject.gate_hook``
-with alpha in {0, 1}; rewards are computed like SITE's training loss, on the
-last prompt token against cached prefixes (``selection.gated_prefix_loss``).
+deterministic mode of the policy). The replacement is SITE's gate
+(``gate.AlphaGate.mix``) with alpha in {0, 1}; rewards are computed like
+SITE's training loss, on the last prompt token against cached prefixes
+(``backend.PromptCache``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from ..inject import HookFactory, injection_hooks
-from ..selection import Example, _PrefixCache, gated_prefix_loss, packed_runner
+from ..backend import PromptCache
+from ..gate import HookFactory, injection_hooks
 from ..tasks import Task
 from .base import Method, TaskContext, method_seed, train_valid_examples
 
@@ -37,6 +38,7 @@ class MTVConfig:
     batch_size: int = 8  # zero-shot train prompts per reward
     baseline_decay: float = 0.9  # running-mean reward baseline
     eval_every: int = 50  # keep the phi whose p > 0.5 mask has the lowest valid loss
+    max_valid: int = 50  # valid items for that choice
 
 
 class MultimodalTaskVector(Method):
@@ -55,27 +57,25 @@ class MultimodalTaskVector(Method):
         """One policy logit per (layer, head)."""
         return 0 if self.mask is None else self.mask.numel()
 
-    def _loss(self, model: HookedTransformer, examples: list[Example], cache: _PrefixCache, idx, mask: Tensor) -> float:
-        """First-token CE of ``examples[idx]`` with the masked heads replaced, against cached prefixes."""
+    def _loss(self, model: HookedTransformer, cache: PromptCache, idx, mask: Tensor) -> float:
+        """First-token CE of the cached prompts ``idx`` with the masked heads replaced, against cached prefixes."""
         m = mask.to(device=model.cfg.device, dtype=model.cfg.dtype)
         with torch.inference_mode():
-            return float(gated_prefix_loss(model, examples, cache, idx, m, self.mean_z))
+            return float(cache.loss(idx, m, self.mean_z))
 
     def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         ctx = ctx or TaskContext(task, seed)
         cfg = self.cfg
         self.mean_z = ctx.mean_z(model).to(device=model.cfg.device, dtype=model.cfg.dtype)
         train, valid = train_valid_examples(model, task)
-        valid = valid[:50]
+        valid = valid[: cfg.max_valid]
         gen = torch.Generator().manual_seed(method_seed(seed, self.name))
         rng = random.Random(seed)
         plan = [rng.sample(range(len(train)), min(cfg.batch_size, len(train))) for _ in range(cfg.steps)]
         used = sorted({i for b in plan for i in b})
         remap = {i: j for j, i in enumerate(used)}
-        runner = packed_runner(model)
-        train_used = [train[i] for i in used]
-        tr_cache = _PrefixCache(model, train_used, runner=runner)
-        va_cache = _PrefixCache(model, valid, runner=runner) if valid else None
+        tr_cache = PromptCache(model, [train[i] for i in used])
+        va_cache = PromptCache(model, valid) if valid else None
         phi = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, requires_grad=True)
         opt = torch.optim.Adam([phi], lr=cfg.lr)
         baseline, rewards = None, []
@@ -83,7 +83,7 @@ class MultimodalTaskVector(Method):
         for step, batch in enumerate(plan, start=1):
             p = torch.sigmoid(phi)
             mask = torch.bernoulli(p.detach(), generator=gen)
-            reward = -self._loss(model, train_used, tr_cache, [remap[i] for i in batch], mask)
+            reward = -self._loss(model, tr_cache, [remap[i] for i in batch], mask)
             baseline = reward if baseline is None else cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * reward
             logp = (mask * torch.log(p + 1e-8) + (1 - mask) * torch.log(1 - p + 1e-8)).sum()
             opt.zero_grad()
@@ -91,7 +91,7 @@ class MultimodalTaskVector(Method):
             opt.step()
             rewards.append(reward)
             if va_cache is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
-                vl = self._loss(model, valid, va_cache, range(len(valid)), (torch.sigmoid(phi) > 0.5).float())
+                vl = self._loss(model, va_cache, range(len(valid)), (torch.sigmoid(phi) > 0.5).float())
                 if vl < best[0]:
                     best = (vl, step, phi.detach().clone())
         phi_best = best[2] if valid else phi.detach()

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
-from ..inject import Hooks
+from ..gate import Hooks
 from ..tasks import Task
 from .base import Method, TaskContext, TrainConfig, method_seed, train_first_token, train_valid_examples
 

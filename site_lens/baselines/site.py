@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformer_lens import HookedTransformer
 
 from ..config import EmbeddingConfig, SelectionConfig, SiteConfig
-from ..inject import HookFactory, injection_hooks
+from ..gate import HookFactory, injection_hooks
 from ..io import Adapter
 from ..pipeline import fit_site
 from ..tasks import Task

@@ -20,7 +20,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
-from ..inject import HookFactory
+from ..gate import HookFactory
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
@@ -46,8 +46,9 @@ class TaskVector(Method):
 
     name = "tv"
 
-    def __init__(self) -> None:
+    def __init__(self, max_valid: int = 50) -> None:
         super().__init__()
+        self.max_valid = max_valid  # valid items scoring each layer
         self.vectors: Tensor | None = None  # (layer, d_model)
         self.layer = 0
 
@@ -57,11 +58,7 @@ class TaskVector(Method):
         _, valid = train_valid_examples(model, task)
         vecs = self.vectors.to(device=model.cfg.device, dtype=model.cfg.dtype)
         self.layer, losses = choose_layer(
-            model,
-            valid[:50],
-            self._factory(model),
-            list(range(model.cfg.n_layers)),
-            edit=lambda layer: lambda r: vecs[layer].expand_as(r),
+            model, valid[: self.max_valid], lambda layer: lambda r: vecs[layer].expand_as(r), list(range(model.cfg.n_layers))
         )
         self.info = {"layer": self.layer, "valid_loss_by_layer": losses}
 

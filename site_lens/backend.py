@@ -1,0 +1,388 @@
+"""The last-token seam: run the last token(s) of prompts against their frozen prefixes, and decode.
+
+SITE changes one position, the last prompt token, so everything before it is
+computed once and kept (a *prefix*: per-layer keys and values); training,
+CIE, MTV's rewards, the choice of layer for FV/TV, patching and transfer then
+run one token per prompt against it, and greedy generation runs one token per
+row per step. Two backends do that with the same results:
+
+* ``HookedBackend``: the HookedTransformer itself with a frozen
+  TransformerLens KV cache. Every hook fires; this is the reference.
+* ``PackedBackend``: ``lasttoken.LastToken``, the same computation from packed
+  weights without the hook machinery (several times faster on CPU).
+
+``backend_for(model)`` chooses once per model (and again when its weights
+change): packed only for architectures on ``PACKED_ARCHITECTURES``, the ones
+the tests cover, that pass ``lasttoken.unsupported``'s structural checks and
+agree with the hooked backend on a probe prompt when the packed weights are
+built (a mismatch is logged and the hooked backend used). Hooks attached to
+the model when a backend is asked for also select the hooked one, so they
+fire. ``use_backend(model, "hooked")`` forces the reference. Callers never
+branch: they ask for a backend and call ``prefix`` / ``logits`` / ``decoder``,
+or use ``PromptCache`` for many prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.utilities import get_act_name
+
+from .gate import Hooks, injection_hooks
+from .lasttoken import DecodeCache, LastToken, Prefix, unsupported
+from .tokens import Example, fit_batches
+
+log = logging.getLogger(__name__)
+
+# Architectures (TransformerLens ``original_architecture``) whose packed path the tests hold to the
+# hooked model: Llama-style blocks (SmolLM2 and the tiny test models) and Gemma 3.
+PACKED_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Gemma3ForCausalLM"})
+BACKENDS = ("auto", "hooked", "packed")
+PROBE_TOL = 1e-4  # probe check: max |packed - hooked| logit over max |logit|, plus this absolute
+
+ResidEdits = dict[int, Callable[[Tensor], Tensor]]
+
+
+def last_logits(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    last: Int[Tensor, " batch"],
+    *,
+    hooks: Hooks = (),
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    past_kv_cache: TransformerLensKeyValueCache | None = None,
+) -> Float[Tensor, "batch d_vocab"]:
+    """Logits at one position per row through the hooked model, without unembedding every position."""
+    with model.hooks(fwd_hooks=list(hooks)):
+        resid = model(
+            tokens, stop_at_layer=model.cfg.n_layers, attention_mask=attention_mask, past_kv_cache=past_kv_cache
+        )  # (batch, pos, d_model)
+        rows = torch.arange(tokens.shape[0], device=resid.device)
+        r = resid[rows, last][:, None]  # (batch, 1, d_model)
+        if model.cfg.normalization_type is not None:
+            r = model.ln_final(r)
+        logits = model.unembed(r)[:, 0]  # (batch, d_vocab)
+    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
+def _hooks_attached(model: HookedTransformer) -> bool:
+    return any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values())
+
+
+# ---------------------------------------------------------------- the two backends
+
+
+class HookedBackend:
+    """The reference: the hooked model against a frozen TransformerLens KV cache; every hook fires."""
+
+    name = "hooked"
+
+    def __init__(self, model: HookedTransformer, reason: str = ""):
+        self.model, self.reason = model, reason
+
+    @torch.no_grad()  # not inference_mode: these tensors enter autograd graphs later
+    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
+        """Keys and values of equal-length prompt prefixes (TransformerLens's layout, unrotated)."""
+        cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, tokens.shape[0])
+        self.model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
+        # (batch, pos, kv_head, d_head) stored as (batch, kv_head, pos, d_head) views, the Prefix layout
+        return Prefix([e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries])
+
+    def _frozen(self, prefix: Prefix, batch: int) -> TransformerLensKeyValueCache:
+        model = self.model
+        cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
+        for entry, k, v in zip(cache.entries, prefix.keys, prefix.values):
+            entry.past_keys = k.transpose(1, 2).expand(batch, -1, -1, -1)
+            entry.past_values = v.transpose(1, 2).expand(batch, -1, -1, -1)
+        cache.previous_attention_mask = torch.ones((batch, prefix.length), dtype=torch.long, device=model.cfg.device)
+        cache.freeze()
+        return cache
+
+    def logits(
+        self,
+        tokens: Int[Tensor, " batch"],
+        prefix: Prefix,
+        alpha: Float[Tensor, "*arows layer head_index"] | None = None,
+        t: Float[Tensor, "*trows layer head_index d_head"] | None = None,
+        resid_edits: ResidEdits | None = None,
+    ) -> Float[Tensor, "batch d_vocab"]:
+        """Logits of the token after each row's prefix (see ``LastToken.logits`` for the arguments)."""
+        B = tokens.shape[0]
+        _check_rows(B, prefix, alpha)
+        hooks: Hooks = []
+        if alpha is not None and t is not None:
+            hooks += injection_hooks(self.model, t, alpha, 0)
+        for layer, edit in (resid_edits or {}).items():
+            hooks.append((get_act_name("resid_pre", layer), lambda r, hook, edit=edit: edit(r[:, 0])[:, None]))
+        zero = torch.zeros(B, dtype=torch.long, device=tokens.device)
+        one = tokens[:, None]  # (batch, 1)
+        cache = self._frozen(prefix, B)
+        return last_logits(self.model, one, zero, hooks=hooks, attention_mask=torch.ones_like(one), past_kv_cache=cache)
+
+    def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
+        """Greedy decode steps after a prefill into ``cache`` (TransformerLens's own cache)."""
+        return HookedDecoder(self.model, cache)
+
+
+class PackedBackend:
+    """``LastToken`` from packed weights; rebuilt when any parameter changes (replaced, written in place, moved)."""
+
+    name = "packed"
+
+    def __init__(self, model: HookedTransformer, reason: str = ""):
+        self._model = weakref.ref(model)
+        self.reason = reason
+        self._stamp: tuple | None = None
+        self._runner: LastToken | None = None
+
+    @staticmethod
+    def stamp(model: HookedTransformer) -> tuple:
+        return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
+
+    @property
+    def runner(self) -> LastToken:
+        model = self._model()
+        assert model is not None, "the model is gone"
+        stamp = self.stamp(model)
+        if self._runner is None or stamp != self._stamp:
+            self._runner, self._stamp = LastToken(model), stamp
+        return self._runner
+
+    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
+        """Keys (rotated) and values of equal-length prompt prefixes."""
+        return self.runner.prefix(tokens)
+
+    def logits(self, tokens, prefix, alpha=None, t=None, resid_edits=None) -> Tensor:
+        """Logits of the token after each row's prefix (``LastToken.logits``)."""
+        return self.runner.logits(tokens, prefix, alpha, t, resid_edits=resid_edits)
+
+    def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
+        """Greedy decode steps from packed weights, taking over the prefilled TransformerLens cache."""
+        runner = self.runner
+        return PackedDecoder(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
+
+
+Backend = HookedBackend | PackedBackend
+
+
+def _check_rows(batch: int, prefix: Prefix, alpha: Tensor | None) -> None:
+    if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != batch:
+        raise ValueError(f"alpha has {alpha.shape[0]} rows for {batch} tokens")
+    if prefix.keys[0].shape[0] not in (1, batch):
+        raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {batch} tokens")
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class HookedDecoder:
+    """One token per row through the hooked model and TransformerLens's cache."""
+
+    def __init__(self, model: HookedTransformer, cache: TransformerLensKeyValueCache):
+        self.model, self.cache = model, cache
+
+    def step(self, nxt: Int[Tensor, " batch"], done: Tensor) -> Int[Tensor, " batch"]:
+        """Next greedy token of every row (finished rows too; the caller ignores them)."""
+        one = nxt[:, None]
+        zero = torch.zeros(len(nxt), dtype=torch.long, device=nxt.device)
+        return last_logits(self.model, one, zero, attention_mask=torch.ones_like(one), past_kv_cache=self.cache).argmax(-1)
+
+
+class PackedDecoder:
+    """Decode steps from packed weights, dropping finished rows from the batch as it goes."""
+
+    def __init__(self, runner: LastToken, state: DecodeCache, batch: int):
+        self.runner, self.state = runner, state
+        self.live = torch.arange(batch)  # rows still decoded, in the order of state's rows
+
+    def step(self, nxt: Int[Tensor, " batch"], done: Tensor) -> Int[Tensor, " batch"]:
+        """Next token of every row (finished rows keep theirs); compacts once a quarter of the live rows are done."""
+        running = ~done[self.live]
+        if int(running.sum()) <= 0.75 * len(self.live):  # their keys/values are copied out once; fewer rows per step
+            keep = running.nonzero()[:, 0]
+            self.state, self.live = self.state.select(keep.to(self.state.pos.device)), self.live[keep]
+        out = nxt.clone()
+        out[self.live] = self.runner.decode(nxt[self.live], self.state).argmax(-1)
+        return out
+
+
+Decoder = HookedDecoder | PackedDecoder
+
+
+# ---------------------------------------------------------------- choosing, once per model
+
+
+@dataclass
+class _Choice:
+    kind: str = "auto"  # what the user asked for (use_backend)
+    stamp: tuple | None = None  # weights the packed backend was checked against
+    packed: PackedBackend | None = None
+    why_not: str | None = None  # why auto uses the hooked backend (None: packed)
+
+
+_CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Choice
+
+
+def use_backend(model: HookedTransformer, kind: str = "auto") -> None:
+    """Set which backend ``backend_for(model)`` gives: 'auto' (default), 'hooked' (your hooks fire) or 'packed'."""
+    if kind not in BACKENDS:
+        from .config import ConfigError
+
+        raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
+    _CHOICES.setdefault(model, _Choice()).kind = kind
+
+
+def packed_blocker(model: HookedTransformer) -> str | None:
+    """Why the packed backend cannot run this model (None when it can, before the probe check)."""
+    arch = model.cfg.original_architecture
+    if arch not in PACKED_ARCHITECTURES:
+        return f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
+    return unsupported(model)
+
+
+def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
+    """Max |packed - hooked| logit, relative to the largest logit, on one seeded prompt under a random gate."""
+    c = model.cfg
+    gen = torch.Generator().manual_seed(0)
+    n = min(8, c.n_ctx)
+    tokens = torch.randint(0, c.d_vocab, (1, n), generator=gen).to(c.device)
+    alpha = torch.rand(c.n_layers, c.n_heads, generator=gen).to(device=c.device, dtype=c.dtype)
+    hooked = HookedBackend(model)
+    with torch.no_grad():
+        prefix = hooked.prefix(tokens[:, :-1])
+        scale = prefix.values[0].abs().mean().clamp(min=1e-3)  # t on the scale of real head outputs
+        t = scale * torch.randn(c.n_layers, c.n_heads, c.d_head, generator=gen).to(device=c.device, dtype=c.dtype)
+        want = hooked.logits(tokens[:, -1], prefix, alpha, t)
+        got = packed.logits(tokens[:, -1], packed.prefix(tokens[:, :-1]), alpha, t)
+    return float((got - want).abs().max() / want.abs().max().clamp(min=1.0))
+
+
+def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
+    """The model's backend: ``kind`` ('auto', 'hooked', 'packed'), default the model's (``use_backend``)."""
+    choice = _CHOICES.setdefault(model, _Choice())
+    kind = kind or choice.kind
+    if kind not in BACKENDS:
+        from .config import ConfigError
+
+        raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
+    if kind == "hooked":
+        return HookedBackend(model, "asked for")
+    if kind == "packed":
+        why = packed_blocker(model)
+        if why is not None:
+            raise ValueError(f"the packed backend cannot run this model: {why}")
+        return choice.packed if choice.packed is not None else PackedBackend(model, "asked for")
+    if _hooks_attached(model):
+        return HookedBackend(model, "hooks are attached to the model")
+    stamp = PackedBackend.stamp(model)
+    if stamp != choice.stamp:
+        choice.stamp, choice.packed = stamp, None
+        choice.why_not = packed_blocker(model)
+        if choice.why_not is None:
+            packed = PackedBackend(model)
+            err = probe_check(model, packed)
+            if err <= PROBE_TOL:
+                packed.reason = f"{model.cfg.original_architecture}, agrees with the hooked model to {err:.1e} on a probe prompt"
+                choice.packed = packed
+            else:
+                choice.why_not = f"packed weights differ from the hooked model by {err:.1e} on a probe prompt"
+                log.warning("using the hooked backend: %s", choice.why_not)
+        if choice.why_not is not None:
+            log.info("hooked backend: %s", choice.why_not)
+    if choice.packed is not None:
+        return choice.packed
+    return HookedBackend(model, choice.why_not or "")
+
+
+def describe(backend: Backend) -> dict[str, str]:
+    """{'name', 'reason'}: what results.json and adapters record."""
+    return {"name": backend.name, "reason": backend.reason}
+
+
+# ---------------------------------------------------------------- many prompts
+
+
+class PromptCache:
+    """Every prompt's prefix (all tokens but the last) run once, grouped by length, for repeated last-token runs.
+
+    ``logits(indices, alpha, t)`` and ``loss(indices, alpha, t)`` then cost one token per
+    prompt. ``alpha`` and ``t`` are one for all prompts or one per prompt (a leading dim of
+    ``len(cache)``, indexed by prompt).
+    """
+
+    def __init__(
+        self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None
+    ):
+        if any(len(e.tokens) < 2 for e in examples):
+            raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
+        self.model = model
+        self.backend = backend or backend_for(model)
+        self.examples = list(examples)
+        self.where: dict[int, tuple[int, int]] = {}  # prompt index -> (prefix length, row in group)
+        self.prefixes: dict[int, Prefix] = {}  # prefix length -> the group's prefix
+        by_len: dict[int, list[int]] = {}
+        lengths = [len(ex.tokens) - 1 for ex in self.examples]
+        for i, n in enumerate(lengths):
+            by_len.setdefault(n, []).append(i)
+        device = model.cfg.device
+        for length, idx in by_len.items():
+            for row, i in enumerate(idx):
+                self.where[i] = (length, row)
+            parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
+            self.prefixes[length] = Prefix.cat(
+                [self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device)) for part in parts]
+            )
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def _per(self, x: Tensor | None, dims: int, idx: list[int]) -> Tensor | None:
+        if x is None or x.dim() == dims:
+            return x
+        return x[torch.tensor(idx, device=x.device)]
+
+    def logits(
+        self,
+        indices: Sequence[int],
+        alpha: Tensor | None = None,
+        t: Tensor | None = None,
+        resid_edits: ResidEdits | None = None,
+    ) -> list[tuple[list[int], Float[Tensor, "rows d_vocab"]]]:
+        """(prompt indices, their last-token logits) per prefix length among ``indices``."""
+        by_len: dict[int, list[int]] = {}
+        for i in indices:
+            by_len.setdefault(self.where[i][0], []).append(i)
+        device = self.model.cfg.device
+        out = []
+        for length, idx in by_len.items():
+            rows = torch.tensor([self.where[i][1] for i in idx], device=device)
+            last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
+            a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
+            out.append((idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits)))
+        return out
+
+    def loss(
+        self,
+        indices: Sequence[int],
+        alpha: Tensor | None = None,
+        t: Tensor | None = None,
+        resid_edits: ResidEdits | None = None,
+    ) -> Tensor:
+        """Mean first-token cross-entropy of ``indices`` with the gate (and residual edits) at the last token."""
+        total = torch.zeros((), device=self.model.cfg.device)
+        for idx, logits in self.logits(indices, alpha, t, resid_edits):
+            target = torch.tensor([self.examples[i].target for i in idx], device=logits.device)
+            total = total + F.cross_entropy(logits.float(), target, reduction="sum")
+        return total / len(indices)

@@ -1,0 +1,40 @@
+"""Rank and linear correlation of flattened arrays (numpy only, no scipy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties averaged (as scipy.stats.rankdata)."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=float)
+    sx = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sx[j + 1] == sx[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def pearson(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndarray | Sequence[float | int]) -> float:
+    """Pearson correlation of two flattened arrays (nan if either is constant)."""
+    a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
+    b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
+    a, b = a - a.mean(), b - b.mean()
+    den = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / den) if den > 0 else float("nan")
+
+
+def spearman(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndarray | Sequence[float | int]) -> float:
+    """Spearman rank correlation (Pearson on tie-averaged ranks)."""
+    a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
+    b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
+    return pearson(_ranks(a), _ranks(b))
