@@ -1,0 +1,108 @@
+"""The last-token seam: both backends give the same numbers through one interface, and the gate is written once."""
+
+import pytest
+import torch
+from test_lasttoken import VARIANTS, _variant_model
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+from site_lens.backend import HookedBackend, PromptCache, backend_for, last_logits
+from site_lens.gate import AlphaGate, injection_hooks
+from site_lens.inject import generate_greedy
+from site_lens.tokens import Example, pad_right
+
+PROMPTS = [[5, 9, 17, 3], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
+
+
+def _both(model):
+    packed = backend_for(model)
+    assert packed.name == "packed", packed.reason
+    return {"hooked": HookedBackend(model), "packed": packed}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_backends_agree_through_the_seam(variant):
+    model = _variant_model(variant)
+    c = model.cfg
+    gen = torch.Generator().manual_seed(1)
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=gen)
+    alpha = torch.rand(c.n_layers, c.n_heads, generator=gen)
+    per_t = torch.randn(len(PROMPTS), c.n_layers, c.n_heads, c.d_head, generator=gen)  # one t per prompt
+    edit = {1: lambda r: r + 0.5}
+    ex = [Example(p, 1) for p in PROMPTS]
+    got = {}
+    for name, b in _both(model).items():
+        cache = PromptCache(model, ex, backend=b)
+        out = {}
+        for key, kw in {
+            "plain": {},
+            "gate": dict(alpha=alpha, t=t),
+            "per-prompt t": dict(alpha=alpha, t=per_t),
+        }.items():
+            logits = torch.empty(len(ex), c.d_vocab)
+            for idx, lg in cache.logits(range(len(ex)), **kw):
+                logits[idx] = lg
+            out[key] = logits
+        out["edit"] = torch.stack([lg for _, lg in cache.logits([0], resid_edits=edit)])
+        prefix = b.prefix(torch.tensor([PROMPTS[1][:-1]]))  # one prefix, many gates
+        gates = torch.rand(3, c.n_layers, c.n_heads, generator=torch.Generator().manual_seed(2))
+        out["many gates"] = b.logits(torch.full((3,), PROMPTS[1][-1]), prefix, gates, t)
+        tokens, mask, last = pad_right(PROMPTS, 0)
+        kv = TransformerLensKeyValueCache.init_cache(c, "cpu", len(PROMPTS))
+        with torch.no_grad():
+            last_logits(model, tokens, last, attention_mask=mask, past_kv_cache=kv)
+            dec = b.decoder(kv, mask, 3)
+            nxt, steps = torch.tensor([1, 2, 3, 4]), []
+            for _ in range(3):
+                nxt = dec.step(nxt, torch.zeros(len(PROMPTS), dtype=torch.bool))
+                steps.append(nxt)
+        out["decode"] = torch.stack(steps).float()
+        got[name] = out
+    for key in got["hooked"]:
+        assert torch.allclose(got["packed"][key], got["hooked"][key], atol=1e-5), (variant, key)
+    # and the reference itself: whole prompts through the hooked model with the gate at the last token
+    tokens, mask, last = pad_right(PROMPTS, 0)
+    want = last_logits(model, tokens, last, hooks=injection_hooks(model, t, alpha, last), attention_mask=mask)
+    assert torch.allclose(got["hooked"]["gate"], want, atol=1e-5)
+    assert not torch.allclose(got["hooked"]["gate"], got["hooked"]["plain"], atol=1e-3)
+
+
+def test_the_gate_formula_is_written_once(model, monkeypatch):
+    """Patching AlphaGate.mix changes injection, the packed path, patching and generation alike."""
+    from site_lens.patching import PatchData, generic_head_patch
+
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 3
+    alpha = torch.full((c.n_layers, c.n_heads), 0.5)
+    ex = [Example(p, 1) for p in PROMPTS]
+    data = PatchData([list(p) for p in PROMPTS], torch.ones(len(PROMPTS), dtype=torch.long))
+    mask = torch.ones(c.n_layers, c.n_heads, dtype=torch.bool)
+
+    def run():
+        tokens, m, last = pad_right(PROMPTS, 0)
+        return {
+            "hooks": last_logits(model, tokens, last, hooks=injection_hooks(model, t, alpha, last), attention_mask=m),
+            "packed": torch.cat(
+                [
+                    lg
+                    for _, lg in PromptCache(model, ex, backend=backend_for(model, "packed")).logits(range(4), alpha, t)
+                ]
+            ),
+            "hooked": torch.cat(
+                [lg for _, lg in PromptCache(model, ex, backend=HookedBackend(model)).logits(range(4), alpha, t)]
+            ),
+            "patching": generic_head_patch(model, data, t, [mask])[1],
+            "generation": generate_greedy(
+                model,
+                PROMPTS,
+                max_new_tokens=1,
+                prefill_hooks=lambda last: injection_hooks(model, t, alpha, last),
+                stop_ids=set(),
+            )[1],
+            "module": AlphaGate(c.n_layers, c.n_heads)(torch.zeros(c.n_layers, c.n_heads, c.d_head), t),
+        }
+
+    before = run()
+    monkeypatch.setattr(AlphaGate, "mix", staticmethod(lambda z, tt, a: z + 2 * a * (tt - z)))  # another formula
+    after = run()
+    for key in before:
+        assert not torch.allclose(before[key], after[key], atol=1e-4), key
