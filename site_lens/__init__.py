@@ -3,7 +3,8 @@
 Stages, each in the module of its name:
   embeddings.build_task_embedding   stage 1: mean hook_z at the last prompt token
   selection.AlphaGate / AlphaTrainer stage 2: alpha = sigmoid(theta), trained on zero-shot prompts
-  inject.injection_hooks / generate_greedy  stage 3: inject once at prefill, greedy with the KV cache
+  inject.generate_greedy           stage 3: inject once at prefill (gate.injection_hooks), greedy with the KV cache
+  methods.fit_site                 stages 1 and 2 on a task; every scored method behind one interface
 """
 
 from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
@@ -11,17 +12,42 @@ from .embeddings import build_task_embedding
 from .gate import AlphaGate, gate_hook, injection_hooks
 from .inject import generate_greedy
 from .io import Adapter, load_adapter, save_adapter
+from .methods import SiteFit, fit_site
 from .metrics import exact_match, normalize, strict_match
 from .models import load_model, model_identity, tiny_model
-from .pipeline import evaluate, fit_site, predict, run_task
+from .pipeline import evaluate, predict, run_task
 from .selection import AlphaTrainer
 from .tasks import Task, build_prompt, builtin_tasks, load_task
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adapter", "AlphaGate", "AlphaTrainer", "EmbeddingConfig", "EvalConfig", "SelectionConfig", "SiteConfig",
-    "Task", "build_prompt", "build_task_embedding", "builtin_tasks", "evaluate", "exact_match", "fit_site",
-    "gate_hook", "generate_greedy", "injection_hooks", "load_adapter", "load_model", "load_task", "model_identity",
-    "normalize", "predict", "run_task", "save_adapter", "strict_match", "tiny_model",
+    "Adapter",
+    "AlphaGate",
+    "AlphaTrainer",
+    "EmbeddingConfig",
+    "EvalConfig",
+    "SelectionConfig",
+    "SiteConfig",
+    "SiteFit",
+    "Task",
+    "build_prompt",
+    "build_task_embedding",
+    "builtin_tasks",
+    "evaluate",
+    "exact_match",
+    "fit_site",
+    "gate_hook",
+    "generate_greedy",
+    "injection_hooks",
+    "load_adapter",
+    "load_model",
+    "load_task",
+    "model_identity",
+    "normalize",
+    "predict",
+    "run_task",
+    "save_adapter",
+    "strict_match",
+    "tiny_model",
 ]

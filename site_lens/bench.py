@@ -27,11 +27,11 @@ from typing import Any
 
 from transformer_lens import HookedTransformer
 
-from .baselines import METHODS, Method, TaskContext, score_method
 from .config import ConfigError, EmbeddingConfig, EvalConfig
 from .io import write_json_atomic, write_text_atomic
+from .methods import METHODS, Method, TaskContext, score_method
 from .models import model_identity
-from .tasks import TaskError, builtin_tasks, load_task
+from .tasks import TaskError, builtin_tasks, category, load_task
 
 log = logging.getLogger(__name__)
 
@@ -39,57 +39,6 @@ ROWS_DIR = "rows"
 SPEC_FILE = "bench.json"
 METRICS = ("first_token_acc", "exact_match", "strict_match")
 ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, "n_trainable", "fit_seconds", "ms_per_query", "n_test")
-
-# The FV suite's categories (shared/datasets/fv/README.md): abstractive tasks generate, extractive pick from the input.
-ABSTRACTIVE = frozenset(
-    [
-        "antonym",
-        "capitalize",
-        "capitalize_first_letter",
-        "capitalize_second_letter",
-        "commonsense_qa",
-        "country-capital",
-        "english-french",
-        "english-spanish",
-        "lowercase_first_letter",
-        "national_parks",
-        "next_capital_letter",
-        "park-country",
-        "person-occupation",
-        "person-sport",
-        "present-past",
-        "prev_item",
-        "sentiment",
-        "singular-plural",
-        "word_length",
-        "ag_news",
-    ]
-)
-EXTRACTIVE = frozenset(
-    [
-        f"{s}_{n}"
-        for s in (
-            "adjective_v_verb",
-            "alphabetically_first",
-            "alphabetically_last",
-            "animal_v_object",
-            "choose_first_of",
-            "choose_last_of",
-            "color_v_animal",
-            "concept_v_object",
-            "object_v_concept",
-            "verb_v_adjective",
-        )
-        for n in (3, 5)
-    ]
-    + ["choose_middle_of_3", "fruit_v_animal_3", "conll2003_location", "conll2003_person", "squad_val"]
-)
-
-
-def category(task: str) -> str:
-    """'abstractive', 'extractive' (the FV suite's lists) or 'other'."""
-    return "abstractive" if task in ABSTRACTIVE else "extractive" if task in EXTRACTIVE else "other"
-
 
 # ---------------------------------------------------------------- choosing what to run
 
@@ -187,13 +136,14 @@ def run_row(
     res = score_method(model, method, task, seed, eval_cfg)
     return {
         "task": task.name,
-        "category": category(task.name),
+        "category": category(task),
         "method": method.name,
         "seed": seed,
         **{k: res[k] for k in METRICS},
         "n_trainable": method.n_trainable,
         "fit_seconds": round(fit_s, 3),
         "ms_per_query": round(res["ms_per_query"], 3),
+        "eval_seconds": round(res["seconds"], 3),
         "n_test": res["n"],
         "info": method.info,
         "predictions": res["predictions"],

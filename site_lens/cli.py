@@ -177,7 +177,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Every (task, method, seed) row, resumable; then OUT/summary.{csv,md}."""
     from . import bench
-    from .baselines import METHODS
+    from .methods import METHODS
     from .models import load_model
 
     methods = bench.resolve(args.methods, list(METHODS), "method")
@@ -209,7 +209,7 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
 
 def cmd_figures(args: argparse.Namespace) -> int:
     """Figures (HTML + PNG) from run folders; with --analyse, first patching, CIE and transfer (loads the model)."""
-    from .report import TRANSFER_FILE, find_runs, fv_categories, summarise, write_figures
+    from .report import TRANSFER_FILE, find_runs, summarise, write_figures
 
     runs = find_runs(args.runs)
     if not runs:
@@ -230,9 +230,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     transfer_path = Path(args.runs) / TRANSFER_FILE
     transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
     written = write_figures(runs, out, transfer)
-    readme = Path(args.data) / "README.md" if args.data else None
-    cats = fv_categories(readme) if readme is not None and readme.is_file() else None
-    for name, df in summarise(runs, cats).items():
+    for name, df in summarise(runs).items():
         print(f"\n[{name}]")
         print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         if args.tables:

@@ -21,6 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .gate import Hooks, injection_hooks
+
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
 FORMAT = "site-lens-adapter/1"
@@ -65,6 +67,11 @@ class Adapter:
     @property
     def alpha(self) -> Float[Tensor, "layer head_index"]:
         return torch.sigmoid(self.theta)
+
+    def hooks(self, model, pos: Tensor | int = -1) -> Hooks:
+        """Injection hooks for ``model`` (t and alpha on its device and in its dtype) at position ``pos`` of each row."""
+        dev, dt = model.cfg.device, model.cfg.dtype
+        return injection_hooks(model, self.t.to(device=dev, dtype=dt), self.alpha.to(device=dev, dtype=dt), pos)
 
     def check_model(self, identity: dict[str, Any]) -> None:
         """Raise AdapterError unless ``identity`` (of a loaded model) matches this adapter's."""

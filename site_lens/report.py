@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,28 +64,6 @@ def find_runs(root: str | Path) -> list[Run]:
         results = json.loads(res.read_text())
         runs.append(Run(d, str(results.get("task", d.name)), results, load_adapter(d / "adapter")))
     return runs
-
-
-def fv_categories(readme: str | Path) -> dict[str, str]:
-    """Task -> 'abstractive' / 'extractive' from the FV README's two task lists ({3,5} expanded)."""
-    text = Path(readme).read_text()
-    out: dict[str, str] = {}
-    for cat in ("abstractive", "extractive"):
-        m = re.search(rf"{cat.capitalize()} tasks[^:]*:(.*?)(?:\n\n|$)", text, re.DOTALL)
-        if not m:
-            continue
-        for item in re.split(r",\s*(?![^{]*\})", " ".join(m.group(1).split()).rstrip(".")):
-            for name in _expand(item):
-                out[name] = cat
-    return out
-
-
-def _expand(item: str) -> list[str]:
-    b = re.match(r"(.*?)\{(.*?)\}(.*)", item)
-    if not b:
-        return [item.strip()]
-    pre, alts, post = b.groups()
-    return [n for alt in alts.split(",") for n in _expand(f"{pre}{alt}{post}")]
 
 
 # ---------------------------------------------------------------- analyses (need the model)
@@ -149,13 +126,19 @@ def _common_root(paths: Sequence[Path]) -> Path:
 def summarise(
     runs: Sequence[Run], categories: dict[str, str] | None = None, ks: Sequence[int] = (1, 4, 16, 64)
 ) -> dict[str, pd.DataFrame]:
-    """Headline tables: per-task alpha shares, accuracies, alpha-CIE correlation; patching recovery at ``ks``; overlap."""
+    """Headline tables: per-task alpha shares, accuracies, alpha-CIE correlation; patching recovery at ``ks``; overlap.
+
+    ``categories`` (task -> category) default to each run's recorded category, else ``tasks.category``.
+    """
+    from .tasks import category
+
+    categories = {**{r.name: r.results.get("category") or category(r.name) for r in runs}, **(categories or {})}
     from .cie import alpha_cie_correlation
     from .overlap import alpha_shares, category_summary, jaccard_matrix, pearson_matrix, spearman_matrix
 
     rows = []
     for r in runs:
-        row = {"task": r.name, "category": (categories or {}).get(r.name, ""), **alpha_shares(r.adapter.alpha)}
+        row = {"task": r.name, "category": categories[r.name], **alpha_shares(r.adapter.alpha)}
         for m in ("zero_shot", "icl", "site"):
             if m in r.results:
                 row[f"{m}_first_token_acc"] = r.results[m]["first_token_acc"]
@@ -173,7 +156,7 @@ def summarise(
             d.groupby(["condition", "k"])[["recovery_prob", "recovery_acc", "acc", "prob"]].mean().reset_index()
         )
     alphas = {r.name: r.adapter.alpha for r in runs}
-    if len(alphas) > 1 and categories:
+    if len(alphas) > 1:
         out["overlap"] = pd.DataFrame(
             [
                 {"measure": name, **category_summary(m, categories)}

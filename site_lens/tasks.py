@@ -140,13 +140,27 @@ def split_pairs(pairs: Sequence[Pair], seed: int = SPLIT_SEED) -> tuple[list[Pai
     return items[:n_train], items[n_train : n_train + n_valid], items[n_train + n_valid :]
 
 
+META_FILE = "meta.json"  # optional in a task folder: {"category": "..."}
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    meta = _read_json(path)
+    if not isinstance(meta, dict):
+        raise TaskError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    if "category" in meta and not (isinstance(meta["category"], str) and meta["category"].strip()):
+        raise TaskError(f"{path}: 'category' must be a non-empty string")
+    return meta
+
+
 def load_task_folder(path: str | Path, name: str | None = None) -> Task:
-    """A folder in the FV layout: train.json, valid.json, test.json."""
+    """A folder in the FV layout: train.json, valid.json, test.json (and optionally meta.json)."""
     path = Path(path)
     if not path.is_dir():
         raise TaskError(f"{path}: not a task folder")
     splits = {s: _parse_pairs(_read_json(path / f"{s}.json"), str(path / f"{s}.json")) for s in SPLITS}
-    return Task(name=name or path.name, source=str(path), **splits)
+    return Task(name=name or path.name, source=str(path), meta=_read_meta(path / META_FILE), **splits)
 
 
 def load_task_file(path: str | Path, name: str | None = None) -> Task:
@@ -193,6 +207,63 @@ def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> T
         task.source = f"builtin:{name_or_path}"
         return task
     raise TaskError(f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_tasks())}; or pass --data DIR or a path")
+
+
+# The FV suite's categories (Todd et al., 2024): abstractive tasks generate, extractive ones pick from the input.
+# A task's own meta.json ("category") overrides them.
+ABSTRACTIVE = frozenset(
+    [
+        "antonym",
+        "capitalize",
+        "capitalize_first_letter",
+        "capitalize_second_letter",
+        "commonsense_qa",
+        "country-capital",
+        "english-french",
+        "english-spanish",
+        "lowercase_first_letter",
+        "national_parks",
+        "next_capital_letter",
+        "park-country",
+        "person-occupation",
+        "person-sport",
+        "present-past",
+        "prev_item",
+        "sentiment",
+        "singular-plural",
+        "word_length",
+        "ag_news",
+    ]
+)
+EXTRACTIVE = frozenset(
+    [
+        f"{s}_{n}"
+        for s in (
+            "adjective_v_verb",
+            "alphabetically_first",
+            "alphabetically_last",
+            "animal_v_object",
+            "choose_first_of",
+            "choose_last_of",
+            "color_v_animal",
+            "concept_v_object",
+            "object_v_concept",
+            "verb_v_adjective",
+        )
+        for n in (3, 5)
+    ]
+    + ["choose_middle_of_3", "fruit_v_animal_3", "conll2003_location", "conll2003_person", "squad_val"]
+)
+
+
+def category(task: Task | str) -> str:
+    """A task's category: its metadata's, else 'abstractive' / 'extractive' from the FV suite's lists, else 'other'."""
+    if isinstance(task, Task):
+        own = task.meta.get("category")
+        if own:
+            return str(own)
+        task = task.name
+    return "abstractive" if task in ABSTRACTIVE else "extractive" if task in EXTRACTIVE else "other"
 
 
 # ---------------------------------------------------------------- prompts

@@ -19,8 +19,8 @@ from site_lens import (
     bench,
     models,
 )
-from site_lens.baselines import METHODS
 from site_lens.cli import main
+from site_lens.methods import METHODS
 
 _load = models.load_model
 

@@ -7,7 +7,8 @@ import random
 import string
 from pathlib import Path
 
-from site_lens.baselines import (
+from site_lens.config import EmbeddingConfig, SelectionConfig
+from site_lens.methods import (
     I2CL,
     IA3,
     METHODS,
@@ -18,7 +19,6 @@ from site_lens.baselines import (
     Site,
     TrainConfig,
 )
-from site_lens.config import EmbeddingConfig, SelectionConfig
 
 SMALL_EMBEDDING = EmbeddingConfig(n_prompts=4, n_shots=3)
 SMALL_TRAIN = TrainConfig(steps=6, lr=0.05, batch_size=4, eval_every=3, max_valid=4)
@@ -39,7 +39,7 @@ def small_methods() -> dict:
 
 
 def _icl():
-    from site_lens.baselines import ICL
+    from site_lens.methods import ICL
 
     return ICL(n_shots=3)
 

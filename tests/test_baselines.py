@@ -5,9 +5,9 @@ import torch
 from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
 from site_lens.backend import last_logits, use_backend
-from site_lens.baselines import I2CL, IA3, METHODS, LoRA, TaskContext, score_method
-from site_lens.baselines.base import train_valid_examples
 from site_lens.config import EvalConfig
+from site_lens.methods import I2CL, IA3, METHODS, LoRA, TaskContext, score_method
+from site_lens.methods.base import train_valid_examples
 from site_lens.tasks import load_task
 from site_lens.training import first_token_loss
 
@@ -161,7 +161,7 @@ def test_ia3_touches_k_v_and_mlp_only(model):
 def test_fit_lowers_training_loss(model, task, name):
     from small import SMALL_TRAIN
 
-    from site_lens.baselines import TrainConfig
+    from site_lens.methods import TrainConfig
 
     cls = {"i2cl": I2CL, "lora": LoRA, "ia3": IA3}[name]
     m = cls(train=TrainConfig(steps=15, lr=SMALL_TRAIN.lr, batch_size=8, eval_every=0))
@@ -174,8 +174,8 @@ def test_fit_lowers_training_loss(model, task, name):
 
 
 def test_site_fit_lowers_training_loss(model, task):
-    from site_lens.baselines import Site
     from site_lens.config import SelectionConfig
+    from site_lens.methods import Site
 
     m = Site(SMALL_EMBEDDING, SelectionConfig(steps=15, eval_every=0, keep_best=False))
     m.fit(model, task, 0)
@@ -193,7 +193,7 @@ def test_fv_and_tv_choose_a_layer_on_valid(fitted, model):
 
 
 def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
-    from site_lens.baselines.base import choose_layer
+    from site_lens.methods.base import choose_layer
 
     _, valid = train_valid_examples(model, task)
     layers = list(range(model.cfg.n_layers))
@@ -226,8 +226,8 @@ def test_function_vector_goes_through_the_post_attention_norm():
     """One prompt, every head of a layer: v + the bias's share is exactly what the attention adds to the residual."""
     from helpers import tiny
 
-    from site_lens.baselines.fv import function_vector, mean_inv_post_scale
     from site_lens.embeddings import build_task_embedding
+    from site_lens.methods.fv import function_vector, mean_inv_post_scale
 
     torch.manual_seed(0)
     model = tiny(n_ctx=64, use_normalization_before_and_after=True)
@@ -254,8 +254,8 @@ def test_function_vector_goes_through_the_post_attention_norm():
 
 def test_last_token_means_equal_the_cache(model):
     """TV's mean residual and I2CL's context vectors: the last token's activations averaged over prompts of unequal length."""
-    from site_lens.baselines.i2cl import context_vectors
-    from site_lens.baselines.tv import mean_last_resid
+    from site_lens.methods.i2cl import context_vectors
+    from site_lens.methods.tv import mean_last_resid
 
     prompts = ["Q: ab\nA: AB", "Q: hello\nA: HELLO", "Q: x\nA:"]
     want_resid, want_attn, want_mlp = 0, 0, 0
@@ -299,7 +299,7 @@ def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
 def test_training_with_one_row_chunks_matches_whole_batches(model, task, monkeypatch):
     """The memory cap changes how a step is computed, not what it learns."""
     from site_lens import training
-    from site_lens.baselines import TrainConfig
+    from site_lens.methods import TrainConfig
 
     cfg = TrainConfig(steps=5, batch_size=4, eval_every=0)
     a = I2CL(train=cfg)

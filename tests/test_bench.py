@@ -14,6 +14,7 @@ from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
 from site_lens import bench
 from site_lens.cli import main
+from site_lens.tasks import category
 
 ENTRY = Path(__file__).parent / "bench_entry.py"
 SCORES = (
@@ -60,9 +61,9 @@ def test_shards_are_disjoint_and_cover():
 
 
 def test_categories():
-    assert bench.category("antonym") == "abstractive"
-    assert bench.category("choose_first_of_5") == "extractive"
-    assert bench.category("upper") == "other"
+    assert category("antonym") == "abstractive"
+    assert category("choose_first_of_5") == "extractive"
+    assert category("upper") == "other"
 
 
 def test_resume_skips_finished_rows_and_merge(data, tmp_path):

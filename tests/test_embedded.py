@@ -30,7 +30,9 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
 
     task = load_task("antonym")
     cfg = SiteConfig(selection=SelectionConfig(steps=150, eval_every=50))
-    adapter, history, _ = fit_site(smollm, task, cfg)
+    fit = fit_site(smollm, task, cfg)
+    adapter, history = fit.adapter, fit.history
+    assert fit.backend["name"] == "packed" and set(fit.seconds) == {"embedding", "selection"}
     zero = evaluate(smollm, task, "zero_shot", cfg=cfg.eval)
     site = evaluate(smollm, task, "site", adapter, cfg=cfg.eval)
     print("zero", zero["exact_match"], "site", site["exact_match"])

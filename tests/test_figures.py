@@ -6,7 +6,7 @@ import torch
 from site_lens.cli import main
 from site_lens.io import Adapter, save_adapter
 from site_lens.models import model_identity
-from site_lens.report import analyse_runs, find_runs, fv_categories, summarise, write_figures
+from site_lens.report import analyse_runs, find_runs, summarise, write_figures
 
 
 def _fake_runs(root, model, names=("antonym", "uppercase")):
@@ -61,22 +61,19 @@ def test_analyse_then_figures(tmp_path, model):
     assert {"patching_antonym", "alpha_cie_uppercase", "patching_all"} <= stems
 
 
-def test_fv_categories(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        "Abstractive tasks (generate): antonym, capitalize,\nword_length.\n\n"
-        "Extractive tasks (pick): alphabetically_{first,last}_{3,5},\nchoose_middle_of_3.\n"
-    )
-    cats = fv_categories(readme)
-    assert cats["antonym"] == "abstractive" and cats["word_length"] == "abstractive"
-    assert cats["alphabetically_last_5"] == "extractive" and cats["choose_middle_of_3"] == "extractive"
-    assert len(cats) == 8
+def test_categories_come_from_task_metadata_then_the_fv_lists(tmp_path):
+    from site_lens.tasks import TaskError, category, load_task
 
-
-@pytest.mark.skipif(
-    not (__import__("pathlib").Path(__file__).resolve().parents[2] / "shared/datasets/fv/README.md").is_file(),
-    reason="no FV data",
-)
-def test_fv_categories_real(fv_dir):
-    cats = fv_categories(fv_dir / "README.md")
-    assert cats["antonym"] == "abstractive" and cats["color_v_animal_3"] == "extractive" and len(cats) >= 40
+    assert category("antonym") == "abstractive" and category("alphabetically_last_5") == "extractive"
+    assert category("choose_middle_of_3") == "extractive" and category("word_length") == "abstractive"
+    assert category("my_task") == "other"
+    d = tmp_path / "antonym"
+    d.mkdir()
+    for split in ("train", "valid", "test"):
+        (d / f"{split}.json").write_text('[{"input": "a", "output": "b"}]')
+    assert category(load_task(d)) == "abstractive"  # no meta.json: the FV list
+    (d / "meta.json").write_text('{"category": "lexical"}')
+    assert category(load_task(d)) == "lexical"  # the task's own metadata wins
+    (d / "meta.json").write_text('{"category": 3}')
+    with pytest.raises(TaskError, match="category"):
+        load_task(d)

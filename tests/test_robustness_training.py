@@ -16,7 +16,8 @@ import torch
 import site_lens.embeddings as emb
 from site_lens.config import ConfigError, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
 from site_lens.gate import z_names
-from site_lens.pipeline import evaluate, fit_site, run_task
+from site_lens.methods import fit_site
+from site_lens.pipeline import evaluate, run_task
 from site_lens.selection import AlphaTrainer
 from site_lens.tasks import Task
 from site_lens.tokens import make_examples
@@ -113,7 +114,7 @@ def test_stopped_training_is_recorded_in_the_adapter_and_results(model):
         poison.on = step >= 3
 
     with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", poison)]):
-        adapter, _, _ = fit_site(model, _task(), _cfg(eval_every=0), progress=progress)
+        adapter = fit_site(model, _task(), _cfg(eval_every=0), progress=progress).adapter
     assert "non-finite loss (nan) at step 4" in adapter.meta["history"]["stopped_early"]
     assert torch.isfinite(adapter.theta).all() and torch.isfinite(adapter.t).all()
 
@@ -134,7 +135,8 @@ def test_same_seed_gives_bit_identical_pipeline_on_cpu(model):
     """fit_site + evaluate, twice with one seed: identical t, theta, history, predictions and scores."""
     runs = []
     for _ in range(2):
-        adapter, history, _ = fit_site(model, _task(), _cfg(seed=7))
+        fit = fit_site(model, _task(), _cfg(seed=7))
+        adapter, history = fit.adapter, fit.history
         scored = {m: evaluate(model, _task(), m, adapter, _cfg().eval, n_shots=2, seed=7) for m in ("site", "icl")}
         runs.append((adapter, history, scored))
     (a, ha, sa), (b, hb, sb) = runs

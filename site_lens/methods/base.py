@@ -10,11 +10,13 @@ TransformerLens hooks attached for one generation call only:
 * ``persistent_hooks(model)``: hooks active on every forward pass, prompt and
   generated tokens alike (I2CL, LoRA, (IA)3: a change to every position).
 
-``score_method`` generates greedily (up to 20 tokens, stopping at a newline)
-and scores like ``pipeline.evaluate``: first-token accuracy, exact and strict
-match. ``train_first_token`` is the one trainer the continuous-parameter
-methods share: Adam on the cross-entropy of the answer's first token over
-zero-shot train prompts, keeping the parameters with the lowest valid loss.
+``Method.predict`` is the one prediction function (greedy, up to 20 tokens,
+stopping at a newline) and ``score_method`` the one evaluation: first-token
+accuracy, exact and strict match, for zero-shot, ICL, SITE and every
+baseline alike. ``train_first_token`` runs the continuous-parameter baselines
+through the training loop SITE uses (``training.train_loop``): Adam on the
+cross-entropy of the answer's first token over zero-shot train prompts,
+keeping the parameters with the lowest valid loss.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ def score_method(
         "first_token_acc": float((first.argmax(-1) == targets).float().mean()),
         **score(preds, [a for _, a in prompts], bool(task.case_sensitive)),
         "n": len(pairs),
+        "seconds": seconds,
         "ms_per_query": 1000 * seconds / max(1, len(pairs)),
         "predictions": [
             {"prompt_tail": p.split("\n\n")[-1], "target": a, "output": o} for (p, a), o in zip(prompts, preds)

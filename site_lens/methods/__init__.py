@@ -3,19 +3,24 @@
 method = make_method("fv")
 method.fit(model, task, seed)
 row = score_method(model, method, task, seed, EvalConfig(max_test=100))
+
+``site-lens run`` and ``site-lens bench`` both go through this registry and
+``score_method``; ``configured(name, cfg)`` builds a method from a ``SiteConfig``
+(ICL takes its shots from ``cfg.embedding``, SITE its two stage configs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..config import ConfigError, SiteConfig
 from .base import Method, TaskContext, TrainConfig, score_method
 from .fv import FunctionVector
 from .i2cl import I2CL
 from .mtv import MTVConfig, MultimodalTaskVector
 from .peft import IA3, LoRA
 from .prompting import ICL, ZeroShot
-from .site import Site
+from .site import Site, SiteFit, fit_site
 from .tv import TaskVector
 
 METHODS: dict[str, Callable[[], Method]] = {
@@ -34,8 +39,18 @@ METHODS: dict[str, Callable[[], Method]] = {
 def make_method(name: str) -> Method:
     """A fresh, unfitted method by name."""
     if name not in METHODS:
-        raise ValueError(f"unknown method '{name}'; valid: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method '{name}'; valid: {', '.join(METHODS)}")
     return METHODS[name]()
+
+
+def configured(name: str, cfg: SiteConfig, progress: Callable[[int, float], None] | None = None) -> Method:
+    """A fresh method by name, with the shots and SITE stages of ``cfg`` (the others keep their defaults)."""
+    assert cfg.embedding is not None and cfg.selection is not None
+    if name == "icl":
+        return ICL(n_shots=cfg.embedding.n_shots)
+    if name == "site":
+        return Site(cfg.embedding, cfg.selection, progress)
+    return make_method(name)
 
 
 __all__ = [
@@ -49,10 +64,13 @@ __all__ = [
     "Method",
     "MultimodalTaskVector",
     "Site",
+    "SiteFit",
     "TaskContext",
     "TaskVector",
     "TrainConfig",
     "ZeroShot",
+    "configured",
+    "fit_site",
     "make_method",
     "score_method",
 ]
