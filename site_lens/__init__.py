@@ -11,10 +11,11 @@ from .embeddings import build_task_embedding
 from .inject import gate_hook, generate_greedy, injection_hooks
 from .io import Adapter, load_adapter, save_adapter
 from .metrics import exact_match, normalize, strict_match
-from .models import load_model, model_identity, tiny_model
+from .models import load_model, model_identity
 from .pipeline import evaluate, fit_site, predict, run_task
 from .selection import AlphaGate, AlphaTrainer
 from .tasks import Task, build_prompt, builtin_tasks, load_task
+from .tiny import tiny_model
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,8 @@
 import torch
 
+from site_lens.convert import fast_layout
 from site_lens.inject import encode, gate_hook, generate_greedy, injection_hooks, last_logits, pad_right, z_names
-from site_lens.models import fast_layout, tiny_model
+from site_lens.tiny import tiny_model
 
 
 def _t(model):

@@ -1,8 +1,9 @@
 import pytest
 
 from site_lens.inject import PromptTooLongError, generate_greedy
-from site_lens.models import ModelError, build_cfg, load_model, model_identity
+from site_lens.models import ModelError, load_model, model_identity
 from site_lens.pipeline import predict
+from site_lens.tiny import build_cfg
 
 
 def test_unknown_model_is_one_line_error():
