@@ -14,10 +14,11 @@ from .inject import generate_greedy
 from .io import Adapter, load_adapter, save_adapter
 from .methods import SiteFit, fit_site
 from .metrics import exact_match, normalize, strict_match
-from .models import load_model, model_identity, tiny_model
+from .models import load_model, model_identity
 from .pipeline import evaluate, predict, run_task
 from .selection import AlphaTrainer
 from .tasks import Task, build_prompt, builtin_tasks, load_task
+from .tiny import tiny_model
 
 __version__ = "0.1.0"
 

@@ -15,13 +15,16 @@ def test_smollm2_shape_and_hf_parity(smollm):
 
 
 def test_weight_cache_loads_identical_model(smollm, tmp_path):
-    from site_lens.models import load_model
+    from site_lens.models import PROCESSING_FLAGS, load_model, model_identity
     from site_lens.tokens import encode
 
     a = load_model("smollm2-135m", cache_dir=tmp_path)  # cold: dequantises, writes the cache
     b = load_model("smollm2-135m", cache_dir=tmp_path)  # warm: reads the cache
     ids = torch.tensor(encode(smollm, ["Q: go\nA:"]))
     assert torch.equal(a(ids), b(ids)) and torch.allclose(a(ids), smollm(ids))
+    ident = model_identity(b)  # the flags it was loaded with, and the GGUF's digest
+    assert ident == model_identity(a) == model_identity(smollm)
+    assert ident["processing"] == PROCESSING_FLAGS and len(ident["source_sha256"]) == 64
 
 
 def test_site_beats_zero_shot_on_builtin_task(smollm):

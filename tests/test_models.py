@@ -1,8 +1,11 @@
 import pytest
+import torch
 
+from site_lens.convert import fast_layout, finalize
 from site_lens.inject import generate_greedy
-from site_lens.models import ModelError, build_cfg, load_model, model_identity
+from site_lens.models import ModelError, load_model, model_identity
 from site_lens.pipeline import predict
+from site_lens.tiny import build_cfg, tiny_model
 from site_lens.tokens import PromptTooLongError
 
 
@@ -31,3 +34,13 @@ def test_identity_records_shape_and_flags(model):
 
 def test_build_cfg_overrides():
     assert build_cfg(n_layers=5).n_layers == 5
+
+
+def test_finalize_moves_dtype_and_keeps_the_fast_layout():
+    """What the first load of an embedded model in bfloat16 does to the converted float32 model."""
+    model = finalize(tiny_model(), "cpu", torch.bfloat16)
+    assert model.cfg.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    strides = [p.stride() for p in model.parameters()]
+    fast_layout(model)  # already in the fast layout: nothing moves
+    assert strides == [p.stride() for p in model.parameters()]

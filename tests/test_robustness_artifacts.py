@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import site_lens.io as io_mod
-from site_lens import models
+from site_lens import weight_cache
 from site_lens.io import CFG_FILE, WEIGHTS_FILE, Adapter, AdapterError, load_adapter, save_adapter
 from site_lens.models import model_identity
 
@@ -233,13 +233,13 @@ def test_interrupted_save_keeps_the_old_adapter(model, saved, monkeypatch):
 def cache_entry(model, tmp_path):
     """A tiny model written as a cache entry under a fake source digest."""
     entry = tmp_path / "tiny-0123456789abcdef-v1"
-    models._save_cache(entry, model, "f" * 64)
-    assert (entry / models.META_FILE).is_file() and (entry / models.WEIGHTS_FILE).is_file()
+    weight_cache.save(entry, model, "f" * 64)
+    assert (entry / weight_cache.META_FILE).is_file() and (entry / weight_cache.WEIGHTS_FILE).is_file()
     return entry
 
 
 def _load(entry, digest="f" * 64):
-    return models._load_cached(entry, digest, "cpu", torch.float32)
+    return weight_cache.load(entry, digest, "cpu", torch.float32)
 
 
 def test_cache_round_trip_is_exact(model, cache_entry):
@@ -256,15 +256,15 @@ def _flip(path: Path, offset: int) -> None:
 
 
 def _rewrite_meta(entry: Path, edit) -> None:
-    meta = json.loads((entry / models.META_FILE).read_text())
+    meta = json.loads((entry / weight_cache.META_FILE).read_text())
     edit(meta)
-    (entry / models.META_FILE).write_text(json.dumps(meta))
+    (entry / weight_cache.META_FILE).write_text(json.dumps(meta))
 
 
 def _resave(entry: Path, change) -> None:
     from safetensors.torch import load_file
 
-    w = entry / models.WEIGHTS_FILE
+    w = entry / weight_cache.WEIGHTS_FILE
     save_file({k: change(v) for k, v in load_file(str(w)).items()}, str(w))
 
 
@@ -272,21 +272,21 @@ CACHE_DAMAGE = [
     ("digest-mismatch", lambda e: None, "e" * 64),
     ("version-mismatch", lambda e: _rewrite_meta(e, lambda m: m.update(cache_version=0)), None),
     ("no-fingerprint", lambda e: _rewrite_meta(e, lambda m: m.pop("weights")), None),
-    ("meta-garbage", lambda e: (e / models.META_FILE).write_text("{"), None),
-    ("meta-missing", lambda e: (e / models.META_FILE).unlink(), None),
-    ("weights-missing", lambda e: (e / models.WEIGHTS_FILE).unlink(), None),
+    ("meta-garbage", lambda e: (e / weight_cache.META_FILE).write_text("{"), None),
+    ("meta-missing", lambda e: (e / weight_cache.META_FILE).unlink(), None),
+    ("weights-missing", lambda e: (e / weight_cache.WEIGHTS_FILE).unlink(), None),
     (
         "weights-truncated",
-        lambda e: (e / models.WEIGHTS_FILE).write_bytes((e / models.WEIGHTS_FILE).read_bytes()[:-100]),
+        lambda e: (e / weight_cache.WEIGHTS_FILE).write_bytes((e / weight_cache.WEIGHTS_FILE).read_bytes()[:-100]),
         None,
     ),
-    ("weights-empty", lambda e: (e / models.WEIGHTS_FILE).write_bytes(b""), None),
-    ("weights-header-byte", lambda e: _flip(e / models.WEIGHTS_FILE, 20), None),
-    ("weights-length-byte", lambda e: _flip(e / models.WEIGHTS_FILE, 7), None),
-    ("weights-appended", lambda e: (e / models.WEIGHTS_FILE).open("ab").write(b"\x00" * 8), None),
+    ("weights-empty", lambda e: (e / weight_cache.WEIGHTS_FILE).write_bytes(b""), None),
+    ("weights-header-byte", lambda e: _flip(e / weight_cache.WEIGHTS_FILE, 20), None),
+    ("weights-length-byte", lambda e: _flip(e / weight_cache.WEIGHTS_FILE, 7), None),
+    ("weights-appended", lambda e: (e / weight_cache.WEIGHTS_FILE).open("ab").write(b"\x00" * 8), None),
     (
         "weights-other-model",
-        lambda e: save_file({"embed.W_E": torch.zeros(3, 3)}, str(e / models.WEIGHTS_FILE)),
+        lambda e: save_file({"embed.W_E": torch.zeros(3, 3)}, str(e / weight_cache.WEIGHTS_FILE)),
         None,
     ),
     ("weights-float16", lambda e: _resave(e, lambda v: v.half()), None),  # loads fine: only the fingerprint sees it
@@ -297,15 +297,15 @@ CACHE_DAMAGE = [
 @pytest.mark.parametrize("damage, digest", [d[1:] for d in CACHE_DAMAGE], ids=[d[0] for d in CACHE_DAMAGE])
 def test_damaged_or_stale_cache_is_rebuilt_not_used(cache_entry, damage, digest, caplog):
     damage(cache_entry)
-    with caplog.at_level("WARNING", logger="site_lens.models"):
+    with caplog.at_level("WARNING", logger="site_lens.weight_cache"):
         assert _load(cache_entry, digest or "f" * 64) is None
-    if (cache_entry / models.META_FILE).exists():
+    if (cache_entry / weight_cache.META_FILE).exists():
         assert "rebuilding" in caplog.text
 
 
 def test_cache_fingerprint_records_size_and_header(cache_entry):
-    meta = json.loads((cache_entry / models.META_FILE).read_text())
-    w = cache_entry / models.WEIGHTS_FILE
+    meta = json.loads((cache_entry / weight_cache.META_FILE).read_text())
+    w = cache_entry / weight_cache.WEIGHTS_FILE
     data = w.read_bytes()
     n = int.from_bytes(data[:8], "little")
     assert meta["source_sha256"] == "f" * 64
@@ -315,6 +315,6 @@ def test_cache_fingerprint_records_size_and_header(cache_entry):
 def test_unwritable_cache_does_not_stop_loading(model, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with caplog.at_level("WARNING", logger="site_lens.models"):
-        models._save_cache(blocker / "entry", model, "f" * 64)
+    with caplog.at_level("WARNING", logger="site_lens.weight_cache"):
+        weight_cache.save(blocker / "entry", model, "f" * 64)
     assert "could not write the weight cache" in caplog.text

@@ -1,0 +1,229 @@
+"""GGUF -> HF -> TransformerLens: config mapping by architecture, weights by TL's own converters.
+
+transformers (+ ``gguf``) dequantises a GGUF file into an HF model; its config is
+mapped to a ``HookedTransformerConfig`` by *architecture* (the HF model class),
+and its weights go through TransformerLens's converter for that architecture.
+Every model site-lens hands out ends in ``finalize``: on its device and dtype,
+re-strided (``fast_layout``), in eval mode, frozen.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+# TransformerLens processing flags used for every model site-lens loads (they change hook_z).
+PROCESSING_FLAGS: dict[str, bool] = {
+    "fold_ln": False,
+    "center_writing_weights": False,
+    "center_unembed": False,
+    "fold_value_biases": False,
+    "refactor_factored_attn_matrices": False,
+}
+
+
+class ModelError(ValueError):
+    """An unknown model name, a missing embedded package, or a corrupt cache."""
+
+
+def fast_layout(model: HookedTransformer) -> HookedTransformer:
+    """Re-stride weights so TransformerLens's forward stops copying them on every call.
+
+    TransformerLens 3.9 computes ``F.linear(x, W.T.contiguous())`` in the MLP and
+    unembedding and rearranges W_Q / W_O with a copy in attention, so each
+    forward pass copies every weight matrix (for one token, the copies cost
+    more than the matmuls). Storing each weight as a view of the contiguous
+    matrix that F.linear wants makes those copies no-ops. Values are unchanged,
+    so outputs are bit-identical.
+    """
+
+    def restride(module, name: str, make) -> None:
+        p = getattr(module, name, None)
+        if isinstance(p, torch.nn.Parameter):
+            p.data = make(p.data)
+
+    def mlp_in(w):  # (d_model, d_mlp) stored as the transpose of a contiguous (d_mlp, d_model)
+        return w.T.contiguous().T
+
+    def attn_in(w):  # (head, d_model, d_head) as a view of contiguous ((head d_head), d_model)
+        h, m, d = w.shape
+        return w.permute(0, 2, 1).contiguous().view(h, d, m).permute(0, 2, 1)
+
+    def attn_out(w):  # (head, d_head, d_model) as a view of contiguous (d_model, (head d_head))
+        h, d, m = w.shape
+        return w.permute(2, 0, 1).reshape(m, h * d).contiguous().view(m, h, d).permute(1, 2, 0)
+
+    for block in model.blocks:
+        for n in ("W_Q", "W_K", "W_V", "_W_K", "_W_V"):
+            restride(block.attn, n, attn_in)
+        restride(block.attn, "W_O", attn_out)
+        mlp = getattr(block, "mlp", None)
+        if mlp is not None and type(mlp).__name__ == "GatedMLP":
+            for n in ("W_gate", "W_in", "W_out"):
+                restride(mlp, n, mlp_in)
+    restride(model.unembed, "W_U", mlp_in)
+    return model
+
+
+def finalize(
+    model: HookedTransformer, device: str | None = None, dtype: torch.dtype | None = None
+) -> HookedTransformer:
+    """Move to ``dtype`` and ``device`` (None: leave as is), re-stride, eval mode, frozen."""
+    if dtype is not None:
+        model.to(dtype, print_details=False)  # also sets cfg.dtype
+    if device is not None:
+        model.to(device, print_details=False)  # also sets cfg.device
+    fast_layout(model)
+    model.eval()
+    model.requires_grad_(False)  # SITE never trains model weights
+    return model
+
+
+def new_hooked(cfg: HookedTransformerConfig, tokenizer: Any = None, **kwargs: Any) -> HookedTransformer:
+    """``HookedTransformer(cfg, tokenizer)`` without TransformerLens's deprecation warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return HookedTransformer(cfg, tokenizer=tokenizer, **kwargs)
+
+
+# ---------------------------------------------------------------- HF -> TL config
+
+
+def _shape_cfg(c: Any, head_dim: int) -> dict[str, Any]:
+    """The size fields every decoder config maps the same way."""
+    return dict(
+        d_model=c.hidden_size,
+        d_head=head_dim,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=min(int(c.max_position_embeddings), 8192),  # a safe default; both models support more
+        eps=float(c.rms_norm_eps),
+        d_vocab=c.vocab_size,
+    )
+
+
+def _llama_cfg(c: Any) -> dict[str, Any]:
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rope = getattr(c, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    kv = c.num_key_value_heads
+    return dict(
+        **_shape_cfg(c, head_dim),
+        act_fn=c.hidden_act,
+        n_key_value_heads=kv if kv != c.num_attention_heads else None,
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_adjacent_pairs=False,
+        rotary_dim=head_dim,
+        rotary_base=float(theta),
+        final_rms=True,
+        gated_mlp=True,
+    )
+
+
+def _gemma3_cfg(c: Any) -> dict[str, Any]:
+    rope = getattr(c, "rope_parameters", None) or {}
+    # transformers 5 nests rope settings per attention type
+    full = rope.get("full_attention", rope) if isinstance(rope, dict) else {}
+    local = rope.get("sliding_attention", {}) if isinstance(rope, dict) else {}
+    theta = full.get("rope_theta", getattr(c, "rope_theta", 1_000_000.0))
+    theta_local = local.get("rope_theta", getattr(c, "rope_local_base_freq", 10_000.0))
+    types = list(getattr(c, "layer_types", None) or [])
+    attn_types = ["global" if t == "full_attention" else "local" for t in types]
+    return dict(
+        **_shape_cfg(c, c.head_dim),
+        act_fn=getattr(c, "hidden_activation", None) or "gelu_pytorch_tanh",
+        initializer_range=0.02,
+        normalization_type="RMS",
+        rotary_base=float(theta),
+        rotary_base_local=float(theta_local),
+        positional_embedding_type="rotary",
+        use_attn_scale=True,
+        n_key_value_heads=c.num_key_value_heads,
+        gated_mlp=True,
+        final_rms=True,
+        use_normalization_before_and_after=True,
+        use_qk_norm=True,
+        window_size=c.sliding_window,
+        use_local_attn=True,
+        attn_types=attn_types,
+    )
+
+
+# architecture (HF model class name) -> config mapper; the weights go through
+# TransformerLens's converter for the same architecture.
+ARCHITECTURES = {"LlamaForCausalLM": _llama_cfg, "Gemma3ForCausalLM": _gemma3_cfg}
+
+
+def _architecture(hf_model: Any) -> str:
+    archs = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
+    return archs[0]
+
+
+def _tokenizer_prepends_bos(tokenizer: Any) -> bool:
+    ids = tokenizer("a")["input_ids"]
+    return bool(tokenizer.bos_token_id is not None and ids and ids[0] == tokenizer.bos_token_id)
+
+
+def hooked_from_hf(
+    hf_model: Any, tokenizer: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> HookedTransformer:
+    """Build a HookedTransformer from an in-memory HF model, with no hub access and no weight processing."""
+    from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
+
+    arch = _architecture(hf_model)
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"architecture {arch} is not supported; supported: {sorted(ARCHITECTURES)}")
+    cfg_dict = ARCHITECTURES[arch](hf_model.config)
+    prepends_bos = _tokenizer_prepends_bos(tokenizer)
+    cfg = HookedTransformerConfig(
+        **cfg_dict,
+        original_architecture=arch,
+        init_weights=False,
+        device=device,
+        dtype=dtype,
+        default_prepend_bos=prepends_bos,
+        tokenizer_prepends_bos=prepends_bos,
+    )
+    with tempfile.TemporaryDirectory() as tmp:  # an existing path: TL skips its name lookup
+        state_dict = get_pretrained_state_dict(tmp, cfg, hf_model=hf_model, dtype=dtype)
+    model = new_hooked(cfg, tokenizer, move_to_device=False)
+    model.load_and_process_state_dict(state_dict, **PROCESSING_FLAGS)
+    return finalize(model, cfg.device)
+
+
+# ---------------------------------------------------------------- GGUF -> HF
+
+
+def join_gguf(parts: list[Path], joined: Path) -> Path:
+    """The GGUF file itself, or its parts concatenated once into ``joined``."""
+    if len(parts) == 1:
+        return parts[0]
+    if not joined.exists():
+        joined.parent.mkdir(parents=True, exist_ok=True)
+        tmp = joined.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+        os.replace(tmp, joined)
+    return joined
+
+
+def hooked_from_gguf(gguf: Path) -> HookedTransformer:
+    """Dequantise a GGUF file (transformers + gguf) and convert it: CPU, float32, finalized."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model = hooked_from_hf(hf_model, tokenizer, device="cpu", dtype=torch.float32)
+    del hf_model
+    return model
