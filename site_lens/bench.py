@@ -27,9 +27,9 @@ from typing import Any
 
 from transformer_lens import HookedTransformer
 
-from .config import ConfigError, EmbeddingConfig, EvalConfig
+from .config import ConfigError, EvalConfig, SiteConfig
 from .io import write_json_atomic, write_text_atomic
-from .methods import METHODS, Method, TaskContext, score_method
+from .methods import METHODS, Method, TaskContext, configured, score_method
 from .models import model_identity
 from .tasks import TaskError, builtin_tasks, category, load_task
 
@@ -157,25 +157,28 @@ def run_bench(
     seeds: Sequence[int],
     out: Path,
     data_dir: str | Path | None = None,
-    max_test: int | None = 100,
+    cfg: SiteConfig | None = None,
     factories: dict[str, Callable[[], Method]] | None = None,
     report: Callable[[dict[str, Any]], None] | None = None,
-    embedding: EmbeddingConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Run every missing (task, method, seed) row, then rewrite the summary of the folder.
 
-    ``embedding`` sets the shared few-shot prompts (default 50 ten-shot prompts, SITE's stage 1).
+    ``cfg`` (default: the paper's settings, the first 100 test items) sets SITE's stages, ICL's
+    shots, the few-shot prompts the methods share (``cfg.embedding``) and the scoring
+    (``cfg.eval``); its seed is ignored (``seeds`` gives them). ``factories`` (name -> a
+    fresh method) replace ``methods.configured``.
     """
-    factories = factories or METHODS
+    cfg = cfg or SiteConfig(eval=EvalConfig(max_test=100))
+    assert cfg.eval is not None
     out = Path(out)
     ident = model_identity(model)
-    spec = {"model": ident["name"], "max_test": max_test, "max_new_tokens": 20}
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "seed"}
+    spec = {"model": ident["name"], "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens, "config": settings}
     if remove_stale_temps(out):
         log.info("removed temp files left by an interrupted run")
     write_json_atomic(
         out / SPEC_FILE, {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds)}
     )
-    eval_cfg = EvalConfig(max_test=max_test, max_new_tokens=20)
     for name in tasks:
         task = load_task(name, data_dir=data_dir)
         for seed in seeds:
@@ -183,9 +186,10 @@ def run_bench(
             if not todo:
                 log.info("%s seed %d: done, skipped", name, seed)
                 continue
-            ctx = TaskContext(task, seed, embedding)  # shared by the methods of this (task, seed)
+            ctx = TaskContext(task, seed, cfg.embedding)  # shared by the methods of this (task, seed)
             for m in todo:
-                row = run_row(model, factories[m](), task, seed, ctx, eval_cfg)
+                method = factories[m]() if factories is not None else configured(m, cfg)
+                row = run_row(model, method, task, seed, ctx, cfg.eval)
                 row["spec"] = spec
                 write_json_atomic(row_path(out, name, seed, m), row)
                 if report is not None:

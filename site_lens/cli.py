@@ -70,14 +70,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _site_config(args: argparse.Namespace):
-    from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+    from .config import site_config_from_args
 
-    return SiteConfig(
-        seed=args.seed,
-        embedding=EmbeddingConfig(n_prompts=args.prompts, n_shots=args.shots),
-        selection=SelectionConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, fast=not args.naive),
-        eval=EvalConfig(max_test=args.max_test, max_new_tokens=args.max_new_tokens),
-    )
+    return site_config_from_args(args)
 
 
 def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
@@ -180,6 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .methods import METHODS
     from .models import load_model
 
+    _site_config(args)  # a bad config value fails before the model loads
     methods = bench.resolve(args.methods, list(METHODS), "method")
     tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), args.shard)
     out = Path(args.out) if args.out else Path("results") / args.model
@@ -190,7 +186,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{r['task']:<26} {r['method']:<10} first-tok {r['first_token_acc']:.3f} exact {r['exact_match']:.3f} "
               f"params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q", flush=True)
 
-    bench.run_bench(model, tasks, methods, range(args.seeds), out, args.data, args.max_test, report=report)
+    cfg = _site_config(args)
+    seeds = range(cfg.seed, cfg.seed + args.seeds)
+    bench.run_bench(model, tasks, methods, seeds, out, args.data, cfg=cfg, report=report)
     print((out / "summary.md").read_text())
     print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'rows.csv'}")
     return 0
@@ -248,20 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
         p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
         p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        from .config import add_site_arguments
+
+        model_args(p)
         p.add_argument("--data", default=None, help="folder of tasks in the FV layout (task folders or .json lists)")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--steps", type=int, default=400, help="alpha-training steps (paper: 400)")
-        p.add_argument("--lr", type=float, default=0.2, help="Adam learning rate (paper: 0.2)")
-        p.add_argument("--batch-size", type=int, default=1, help="zero-shot prompts per training step (paper: 1)")
-        p.add_argument("--prompts", type=int, default=50, help="M: few-shot prompts for the task embedding (paper: 50)")
-        p.add_argument("--shots", type=int, default=10, help="N: demonstrations per prompt, also for ICL (paper: 10)")
-        p.add_argument("--max-test", type=int, default=None, help="score only the first N test items")
-        p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per answer (paper: 20)")
-        p.add_argument("--naive", action="store_true", help="train on whole prompts instead of the cached-prefix fast path")
+        add_site_arguments(p)
 
     p_run = sub.add_parser("run", help="stages 1-3 on one task, plus zero-shot and ICL; writes OUT/results.json and OUT/adapter/")
     common(p_run)
@@ -281,16 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_tasks.set_defaults(func=cmd_tasks)
 
     p_bench = sub.add_parser("bench", help="benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
-    p_bench.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
-    p_bench.add_argument("--data", default=None, help="folder of tasks in the FV layout (default: the built-in tasks)")
+    common(p_bench)
+    p_bench.set_defaults(**{"SiteConfig.seed": 0, "EvalConfig.max_test": 100})  # the benchmark scores 100 items by default
     p_bench.add_argument("--tasks", default="all", help="'all' or a comma list of task names")
     p_bench.add_argument("--methods", default="all", help="'all' or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
-    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds (0 .. N-1)")
-    p_bench.add_argument("--max-test", type=int, default=100, help="score only the first N test items (default 100)")
+    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds (0 .. N-1); --seed is the first")
     p_bench.add_argument("--out", default=None, help="output folder (default results/MODEL)")
     p_bench.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
-    p_bench.add_argument("--device", default=None, help="cpu (default), cuda, ...")
-    p_bench.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
     p_bench.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")
     p_bench.set_defaults(func=cmd_bench)
 

@@ -1,13 +1,20 @@
-"""Dataclass configs for the three SITE stages.
+"""Dataclass configs for the three SITE stages: the single source of their defaults, checks and CLI flags.
 
-Each field has the paper's default (Park et al., 2026, "SITE"); ``to_dict`` /
-``from_dict`` round-trip through JSON and reject unknown keys.
+Each field has the paper's default (Park et al., 2026, "SITE") and a comment
+that is its ``--help`` text; ``add_arguments`` turns every field into a flag of
+``site-lens run`` / ``bench`` (``metadata={"flag": ...}`` names it where the
+field name would collide or read badly) and ``from_args`` reads it back.
+``to_dict`` / ``from_dict`` round-trip through JSON and reject unknown keys;
+``__post_init__`` raises ``ConfigError`` on a bad value.
 """
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import math
-from dataclasses import asdict, dataclass, fields
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound="_Config")
@@ -34,9 +41,9 @@ class _Config:
 class EmbeddingConfig(_Config):
     """Stage 1: how the task embedding t[layer, head] is averaged."""
 
-    n_prompts: int = 50  # M: few-shot prompts averaged (paper: 50)
-    n_shots: int = 10  # N: demonstrations per prompt (paper: 10)
-    batch_size: int = 10  # prompts per forward pass (no effect on the result)
+    n_prompts: int = field(default=50, metadata={"flag": "prompts"})  # M: few-shot prompts averaged (paper: 50)
+    n_shots: int = field(default=10, metadata={"flag": "shots"})  # N: demonstrations per prompt, also ICL's (paper: 10)
+    batch_size: int = field(default=10, metadata={"flag": "embedding-batch-size"})  # prompts per forward pass of stage 1 (no effect on the result)
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "n_shots", "batch_size"):
@@ -53,9 +60,9 @@ class SelectionConfig(_Config):
     batch_size: int = 1  # zero-shot prompts per step (paper: 1)
     theta_init: float = 0.0  # alpha starts at sigmoid(0) = 0.5
     eval_every: int = 50  # validate on the valid split every this many steps; 0 = never
-    max_valid: int = 100  # valid items used for model selection
+    max_valid: int = 100  # valid items used for model selection (the first ones)
     keep_best: bool = True  # restore the theta with the lowest valid loss
-    fast: bool = True  # prefix KV cache: run only the last prompt token per step
+    fast: bool = True  # cached prefixes: run only the last prompt token per step (--no-fast: whole prompts)
     backend: str = "auto"  # fast path's backend: auto (packed where the model allows), hooked or packed
 
     def __post_init__(self) -> None:
@@ -79,21 +86,23 @@ class EvalConfig(_Config):
 
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
-    batch_size: int = 64  # queries per generation batch (sorted by length, right-padded)
-    max_test: int | None = None  # cap on test items (the first ones), None = all
+    batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
+    max_test: int | None = None  # score only the first N test items (default: all)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"EvalConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_test is not None and self.max_test < 1:
             raise ConfigError(f"EvalConfig.max_test must be >= 1, got {self.max_test}")
+        if self.batch_size < 1:
+            raise ConfigError(f"EvalConfig.batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass
 class SiteConfig(_Config):
     """Everything one SITE run depends on."""
 
-    seed: int = 0
+    seed: int = 0  # seeds every draw: stage-1 prompts, training order, ICL demonstrations
     embedding: EmbeddingConfig | None = None
     selection: SelectionConfig | None = None
     eval: EvalConfig | None = None
@@ -108,3 +117,69 @@ class SiteConfig(_Config):
         self.embedding = self.embedding or EmbeddingConfig()
         self.selection = self.selection or SelectionConfig()
         self.eval = self.eval or EvalConfig()
+
+
+# ---------------------------------------------------------------- command-line flags
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Each field's trailing comment in the class source: its help text."""
+    out: dict[str, str] = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): [^#]+#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _parse(kind: str):
+    def parse(text: str):  # an optional field is None by leaving its flag out
+        base = kind.split("|")[0].strip()
+        return {"int": int, "float": float, "str": str}[base](text)
+
+    parse.__name__ = kind.split("|")[0].strip()  # argparse names the type in its errors
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
+    """One flag per field of a config dataclass, default and help taken from the class."""
+    group = parser.add_argument_group(title or cls.__name__)
+    helps = field_help(cls)
+    for f in fields(cls):
+        if f.type in ("EmbeddingConfig | None", "SelectionConfig | None", "EvalConfig | None"):
+            continue
+        flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+        default = f.default if f.default is not MISSING else None
+        dest = f"{cls.__name__}.{f.name}"
+        text = helps.get(f.name, "")
+        if f.type == "bool":
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
+        else:
+            shown = "" if "default" in text else f" (default: {default})"
+            metavar = flag[2:].upper().replace("-", "_")
+            group.add_argument(flag, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown)
+
+
+def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
+    """The config built from the flags ``add_arguments`` made (and ``extra`` fields)."""
+    values = {f.name: getattr(args, f"{cls.__name__}.{f.name}") for f in fields(cls) if hasattr(args, f"{cls.__name__}.{f.name}")}
+    return cls(**values, **extra)
+
+
+def add_site_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every field of SiteConfig and its three stage configs as flags."""
+    add_arguments(parser, SiteConfig, "run")
+    add_arguments(parser, EmbeddingConfig, "stage 1: task embedding")
+    add_arguments(parser, SelectionConfig, "stage 2: alpha training")
+    add_arguments(parser, EvalConfig, "stage 3: generation and scoring")
+
+
+def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
+    """The SiteConfig the flags of ``add_site_arguments`` describe (ConfigError on a bad value)."""
+    return from_args(
+        SiteConfig,
+        args,
+        embedding=from_args(EmbeddingConfig, args),
+        selection=from_args(SelectionConfig, args),
+        eval=from_args(EvalConfig, args),
+    )

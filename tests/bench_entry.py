@@ -4,7 +4,7 @@ with ``--model tiny`` mapped to the tiny random model and every method given a s
 from __future__ import annotations
 
 import sys
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -33,7 +33,15 @@ def _load_model(name, **kw):
 
 models.load_model = _load_model
 METHODS.update(small_methods())
-bench.run_bench = partial(bench.run_bench, embedding=SMALL_EMBEDDING)
+_run_bench = bench.run_bench
+
+
+def _small_run_bench(*args, cfg, **kw):
+    """The CLI's bench with the small budgets: tiny few-shot prompts and the small methods."""
+    return _run_bench(*args, cfg=replace(cfg, embedding=SMALL_EMBEDDING), factories=METHODS, **kw)
+
+
+bench.run_bench = _small_run_bench
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

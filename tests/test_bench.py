@@ -14,6 +14,7 @@ from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
 from site_lens import bench
 from site_lens.cli import main
+from site_lens.config import EvalConfig, SiteConfig
 from site_lens.tasks import category
 
 ENTRY = Path(__file__).parent / "bench_entry.py"
@@ -76,9 +77,8 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
         "methods": ["zero_shot", "ia3"],
         "seeds": [0],
         "data_dir": data,
-        "max_test": 2,
+        "cfg": SiteConfig(embedding=SMALL_EMBEDDING, eval=EvalConfig(max_test=2)),
         "factories": small_methods(),
-        "embedding": SMALL_EMBEDDING,
         "report": seen.append,
     }
     rows = bench.run_bench(model, ["upper"], out=out, **kw)

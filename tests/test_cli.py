@@ -66,3 +66,29 @@ def test_write_json_atomic_leaves_no_temp(tmp_path):
     write_json_atomic(tmp_path / "r.json", {"a": 1})
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help():
+    from dataclasses import fields
+
+    from site_lens.cli import build_parser
+    from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, field_help
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for command in ("run", "bench"):
+        actions = {a.dest: a for a in sub[command]._actions}
+        for cls in (SiteConfig, EmbeddingConfig, SelectionConfig, EvalConfig):
+            helps = field_help(cls)
+            for f in fields(cls):
+                if f.name in ("embedding", "selection", "eval"):
+                    continue
+                action = actions[f"{cls.__name__}.{f.name}"]
+                assert helps[f.name] and action.help.startswith(helps[f.name]), (command, f.name)
+    args = parser.parse_args(["bench", "--steps", "7", "--no-keep-best", "--backend", "hooked", "--shots", "3"])
+    from site_lens.config import site_config_from_args
+
+    cfg = site_config_from_args(args)
+    assert (cfg.selection.steps, cfg.selection.keep_best, cfg.selection.backend, cfg.embedding.n_shots) == (7, False, "hooked", 3)
+    assert cfg.eval.max_test == 100  # bench's own default; run's is every test item
+    assert site_config_from_args(parser.parse_args(["run", "--task", "x"])).eval.max_test is None

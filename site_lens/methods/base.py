@@ -22,6 +22,7 @@ keeping the parameters with the lowest valid loss.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import zlib
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
 from ..backend import PromptCache
-from ..config import EmbeddingConfig, EvalConfig
+from ..config import ConfigError, EmbeddingConfig, EvalConfig, _Config
 from ..embeddings import build_task_embedding
 from ..gate import HookFactory, Hooks
 from ..inject import generate_greedy
@@ -186,7 +187,7 @@ def score_method(
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(_Config):
     """Budget of ``train_first_token`` (modest, for CPU; see the README's table)."""
 
     steps: int = 100  # optimiser steps
@@ -196,8 +197,14 @@ class TrainConfig:
     max_valid: int = 50  # valid items for model selection
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError(f"bad TrainConfig {self}")
+        if self.steps < 0:
+            raise ConfigError(f"TrainConfig.steps must be >= 0, got {self.steps}")
+        if self.batch_size < 1:
+            raise ConfigError(f"TrainConfig.batch_size must be >= 1, got {self.batch_size}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"TrainConfig.lr must be a finite number > 0, got {self.lr}")
+        if self.eval_every < 0 or self.max_valid < 0:
+            raise ConfigError("TrainConfig.eval_every and max_valid must be >= 0")
 
 
 def train_first_token(

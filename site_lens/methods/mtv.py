@@ -24,13 +24,14 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from ..backend import PromptCache
+from ..config import ConfigError, _Config
 from ..gate import HookFactory, injection_hooks
 from ..tasks import Task
 from .base import Method, TaskContext, method_seed, train_valid_examples
 
 
 @dataclass
-class MTVConfig:
+class MTVConfig(_Config):
     """REINFORCE budget (modest, for CPU)."""
 
     steps: int = 200  # policy updates
@@ -39,6 +40,14 @@ class MTVConfig:
     baseline_decay: float = 0.9  # running-mean reward baseline
     eval_every: int = 50  # keep the phi whose p > 0.5 mask has the lowest valid loss
     max_valid: int = 50  # valid items for that choice
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.eval_every < 0 or self.max_valid < 0:
+            raise ConfigError(f"MTVConfig: steps, eval_every, max_valid must be >= 0 and batch_size >= 1, got {self}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"MTVConfig.lr must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.baseline_decay < 1:
+            raise ConfigError(f"MTVConfig.baseline_decay must be in [0, 1), got {self.baseline_decay}")
 
 
 class MultimodalTaskVector(Method):
