@@ -1,8 +1,10 @@
-"""Speed and memory benchmark for smollm2-135m on this machine (issue 5).
+"""Speed and memory benchmark for smollm2-135m on this machine.
 
 Measures side by side, in one run:
   1. alpha-training step, batch 1, interleaved: naive (whole prompt, hooked), fast through the
-     hooked model (frozen TransformerLens KV cache), fast from packed weights (lasttoken.py, the default)
+     hooked backend (frozen TransformerLens KV cache), the hooked one-token step under
+     torch.compile (compile time apart), fast from packed weights with and without the C++
+     kernels (the packed backend, the default)
   2. Stage 1 for M = 50, N = 10
   3. per-query latency (batch 1; up to 20 new tokens stopping at the newline, and exactly 20): zero-shot, SITE, ICL
   4. model load (cold: fresh cache dir; cached), adapter size; peak RSS of a full `site-lens run`
@@ -30,15 +32,51 @@ import time
 from pathlib import Path
 
 import torch
+import torch._dynamo
+import torch._dynamo.utils
 
 import site_lens as sl
 from site_lens import kernels
-from site_lens.cie import _cie_hooked, _cie_packed, _prompts_and_targets
-from site_lens.inject import encode, generate_greedy, injection_hooks
-from site_lens.lasttoken import LastToken
-from site_lens.pipeline import embedding_prompts
-from site_lens.selection import AlphaTrainer, _PrefixCache, make_examples
+from site_lens.backend import HookedBackend, PackedBackend, PromptCache, use_backend
+from site_lens.cie import causal_indirect_effect
+from site_lens.gate import injection_hooks
+from site_lens.inject import generate_greedy
+from site_lens.methods.site import embedding_prompts
+from site_lens.selection import AlphaTrainer
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
+from site_lens.tokens import encode, make_examples
+
+
+class CompiledHookedStep:
+    """The hooked backend's one-token step with the model's forward compiled (torch.compile, dynamic shapes).
+
+    Runs on its own copy of the model, so the other steps measured beside it stay eager. The
+    gate hooks stay attached for the whole measurement and read alpha and t from this object,
+    so a new step's values do not invalidate the compiled graph; prefixes of many lengths share
+    it (``dynamic=True``). ``frames`` counts what dynamo compiled.
+    """
+
+    def __init__(self, model, t):
+        torch._dynamo.reset()
+        self.model, self.t, self.alpha = model, t, None
+        for layer, block in enumerate(model.blocks):
+            block.attn.hook_z.add_hook(self._hook(layer))
+        model.forward = torch.compile(model.forward, dynamic=True)
+        self.backend = HookedBackend(model)
+
+    def _hook(self, layer):
+        def gate(z, hook):
+            rows = torch.arange(z.shape[0])
+            a = self.alpha[layer].to(z.dtype)[:, None]  # (head, 1)
+            return z.index_put((rows, torch.zeros_like(rows)), torch.lerp(z[:, 0], self.t[layer], a))
+
+        return gate
+
+    def loss(self, cache: PromptCache, i: int, alpha) -> torch.Tensor:
+        self.alpha = alpha
+        ((idx, logits),) = cache.logits([i])  # no alpha here: the persistent hooks gate
+        target = torch.tensor([cache.examples[j].target for j in idx])
+        return torch.nn.functional.cross_entropy(logits.float(), target)
 
 
 def med(xs):
@@ -102,6 +140,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=20)
     ap.add_argument("--full-run", action="store_true", help="also time a full `site-lens run` (subprocess, peak RSS)")
     ap.add_argument("--step-only", action="store_true", help="stop after the SmolLM2 training-step comparison (1.)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd hooked step")
     ap.add_argument("--out", default="benchmarks/results/speed.json")
     args = ap.parse_args()
     res: dict = {
@@ -129,26 +168,58 @@ def main() -> None:
     # 1. training step, batch 1, interleaved: naive, fast (hooked), fast (packed)
     ex = make_examples(model, zero_shot_prompts(task.train[: args.reps + 5]))
     tr = AlphaTrainer(model, t)
-    caches = {"hooked": _PrefixCache(model, ex), "packed": _PrefixCache(model, ex, runner=LastToken(model))}
+    caches = {"hooked": PromptCache(model, ex, backend=HookedBackend(model)), "packed": PromptCache(model, ex, backend=PackedBackend(model))}
     with kernels.disabled():  # the packed path with MKL's products instead of the row kernel
-        caches["packed_mkl"] = _PrefixCache(model, ex, runner=LastToken(model))
+        caches["packed_mkl"] = PromptCache(model, ex, backend=PackedBackend(model))
     opt = torch.optim.Adam(tr.gate.parameters(), lr=0.2)
 
     def step(i, how):
         opt.zero_grad(set_to_none=True)
         with kernels.disabled() if how == "packed_mkl" else contextlib.nullcontext():
-            loss = tr.loss_naive([ex[i]]) if how == "naive" else tr.loss_fast(ex, caches[how], [i])
+            loss = tr.loss_naive([ex[i]]) if how == "naive" else tr.loss_fast(caches[how], [i])
             loss.backward()
         opt.step()
 
-    hows = ("naive", "hooked", "packed_mkl", "packed")
+    # 1a. the hooked one-token step under torch.compile: compile time apart, then steady state
+    compiled = None
+    if not args.no_compile:
+        c_model = sl.load_model("smollm2-135m")  # a second copy: the eager steps stay eager
+        compiled = CompiledHookedStep(c_model, tr.t)
+        c_cache = PromptCache(c_model, ex, backend=compiled.backend)
+        lengths = sorted({len(e.tokens) for e in ex})
+
+        def c_step(i):
+            opt.zero_grad(set_to_none=True)
+            compiled.loss(c_cache, i, tr.gate.alpha()).backward()
+            opt.step()
+
+        t0 = time.perf_counter()
+        c_step(0)
+        first = time.perf_counter() - t0
+        warm = [timed(lambda: c_step(i))[0] for i in range(1, 4)]
+        res["compiled_hooked_compile"] = {
+            "first_step_s": first,
+            "next_three_steps_s": warm,
+            "prompt_lengths": lengths,
+            "frames_compiled": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
+        }
+
+    hows = ("naive", "hooked", "packed_mkl", "packed") + (("compiled",) if compiled is not None else ())
+    def any_step(i, how):
+        return c_step(i) if how == "compiled" else step(i, how)
+
     for i in range(3):
         for how in hows:
-            step(i, how)
+            any_step(i, how)
     times: dict[str, list[float]] = {h: [] for h in hows}
     for i in range(args.reps):
         for how in hows:
-            times[how].append(timed(lambda: step(i, how))[0])
+            times[how].append(timed(lambda: any_step(i, how))[0])
+    if compiled is not None:
+        res["compiled_hooked_compile"]["frames_compiled_after_steps"] = int(
+            torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        )
+        compiled = c_model = c_cache = None
     flops, nbytes = step_flops_bytes(model)
     fm = med(times["packed"])
     res["train_step_ms"] = {
@@ -160,6 +231,11 @@ def main() -> None:
         "packed_mkl_median": 1e3 * med(times["packed_mkl"]),
         "packed_mkl_over_packed": med(times["packed_mkl"]) / fm,
         "row_kernel": kernels.available(),
+        **(
+            {"compiled_hooked_median": 1e3 * med(times["compiled"]), "compiled_over_packed": med(times["compiled"]) / fm}
+            if "compiled" in times
+            else {}
+        ),
         "prompt_tokens_median": med([len(e.tokens) for e in ex]),
         "fast_gflops": flops / fm / 1e9,
         "fast_weight_gb_per_s": nbytes / fm / 1e9,
@@ -184,16 +260,17 @@ def main() -> None:
     g_t = sl.build_task_embedding(gemma, prompts[:5])
     g_ex = make_examples(gemma, zero_shot_prompts(task.train[:12]))
     g_tr = AlphaTrainer(gemma, g_t)
-    g_caches = {"hooked": _PrefixCache(gemma, g_ex), "packed": _PrefixCache(gemma, g_ex, runner=LastToken(gemma))}
+    g_caches = {"hooked": PromptCache(gemma, g_ex, backend=HookedBackend(gemma)), "packed": PromptCache(gemma, g_ex, backend=PackedBackend(gemma))}
     with kernels.disabled():
-        g_caches["packed_mkl"] = _PrefixCache(gemma, g_ex, runner=LastToken(gemma))
+        g_caches["packed_mkl"] = PromptCache(gemma, g_ex, backend=PackedBackend(gemma))
 
     def g_step(i, how):
         g_tr.gate.theta.grad = None
         with kernels.disabled() if how == "packed_mkl" else contextlib.nullcontext():
-            loss = g_tr.loss_naive([g_ex[i]]) if how == "naive" else g_tr.loss_fast(g_ex, g_caches[how], [i])
+            loss = g_tr.loss_naive([g_ex[i]]) if how == "naive" else g_tr.loss_fast(g_caches[how], [i])
             loss.backward()
 
+    hows = ("naive", "hooked", "packed_mkl", "packed")
     g_times: dict[str, list[float]] = {h: [] for h in hows}
     for i in range(12):
         for how in hows:
@@ -202,10 +279,15 @@ def main() -> None:
     gemma = g_caches = g_tr = None  # free the second model before the full run
 
     # 6. FV's CIE over all heads, 5 shuffled-label prompts: hooked vs packed
-    cie_tok, cie_tgt = _prompts_and_targets(model, task, 5, 10, 0)
-    with torch.inference_mode():
-        hooked_s, c_h = timed(lambda: _cie_hooked(model, cie_tok, cie_tgt, t, 8))
-        packed_s, c_p = timed(lambda: _cie_packed(model, cie_tok, cie_tgt, t))
+    def cie(kind):
+        use_backend(model, kind)
+        try:
+            return causal_indirect_effect(model, task, t, n_prompts=5, n_shots=10, seed=0)
+        finally:
+            use_backend(model, "auto")
+
+    hooked_s, c_h = timed(lambda: cie("hooked"))
+    packed_s, c_p = timed(lambda: cie("packed"))
     res["cie_5_prompts_s"] = {
         "hooked": hooked_s,
         "packed": packed_s,
