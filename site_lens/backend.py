@@ -17,7 +17,8 @@ the tests cover, that pass ``lasttoken.unsupported``'s structural checks and
 agree with the hooked backend on a probe prompt when the packed weights are
 built (a mismatch is logged and the hooked backend used). Hooks attached to
 the model when a backend is asked for also select the hooked one, so they
-fire. ``use_backend(model, "hooked")`` forces the reference. Callers never
+fire. ``use_backend(model, "hooked")`` forces the reference ("packed" forces the
+packed one where it can run, except while hooks are attached). Callers never
 branch: they ask for a backend and call ``prefix`` / ``logits`` / ``decoder``,
 or use ``PromptCache`` for many prompts.
 """
@@ -279,13 +280,17 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
         raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
     if kind == "hooked":
         return HookedBackend(model, "asked for")
+    if _hooks_attached(model):  # the packed path would skip them, even when asked for
+        if kind == "packed":
+            log.warning("hooks are attached to the model: running the hooked backend, not the packed one asked for")
+        return HookedBackend(model, "hooks are attached to the model")
     if kind == "packed":
         why = packed_blocker(model)
         if why is not None:
-            raise ValueError(f"the packed backend cannot run this model: {why}")
+            from .config import ConfigError
+
+            raise ConfigError(f"the packed backend cannot run this model: {why}")
         return choice.packed if choice.packed is not None else PackedBackend(model, "asked for")
-    if _hooks_attached(model):
-        return HookedBackend(model, "hooks are attached to the model")
     stamp = PackedBackend.stamp(model)
     if stamp != choice.stamp:
         choice.stamp, choice.packed = stamp, None

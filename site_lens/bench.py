@@ -104,6 +104,36 @@ def remove_stale_temps(out: Path) -> int:
     return n
 
 
+# Which settings each method's numbers depend on, beyond the model and the scoring caps
+# (batch sizes and the backend change no result and are left out).
+_EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
+                    "mtv": ("n_prompts", "n_shots"), "icl": ("n_shots",)}
+_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast")
+
+
+def row_spec(model_name: str, cfg: SiteConfig, method: str) -> dict[str, Any]:
+    """What a finished row of ``method`` must share with a rerun to be skipped.
+
+    Settings at their defaults are left out, so folders from before settings were recorded resume.
+    """
+    assert cfg.embedding is not None and cfg.selection is not None and cfg.eval is not None
+    spec: dict[str, Any] = {"model": model_name, "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
+    default = SiteConfig()
+    changed: dict[str, Any] = {}
+    if not cfg.eval.stop_at_newline:
+        changed["stop_at_newline"] = False
+    for k in _EMBEDDING_USERS.get(method, ()):
+        if getattr(cfg.embedding, k) != getattr(default.embedding, k):
+            changed[f"embedding.{k}"] = getattr(cfg.embedding, k)
+    if method == "site":
+        for k in _SELECTION:
+            if getattr(cfg.selection, k) != getattr(default.selection, k):
+                changed[f"selection.{k}"] = getattr(cfg.selection, k)
+    if changed:
+        spec["settings"] = changed
+    return spec
+
+
 def is_done(path: Path, spec: dict[str, Any]) -> bool:
     """A finished row for the same model and caps."""
     row = _read_json(path)
@@ -172,17 +202,17 @@ def run_bench(
     assert cfg.eval is not None
     out = Path(out)
     ident = model_identity(model)
-    settings = {k: v for k, v in cfg.to_dict().items() if k != "seed"}
-    spec = {"model": ident["name"], "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens, "config": settings}
+    spec = {"model": ident["name"], "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
     if remove_stale_temps(out):
         log.info("removed temp files left by an interrupted run")
     write_json_atomic(
-        out / SPEC_FILE, {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds)}
+        out / SPEC_FILE,
+        {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds), "config": cfg.to_dict()},
     )
     for name in tasks:
         task = load_task(name, data_dir=data_dir)
         for seed in seeds:
-            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), spec)]
+            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), row_spec(ident["name"], cfg, m))]
             if not todo:
                 log.info("%s seed %d: done, skipped", name, seed)
                 continue
@@ -190,7 +220,7 @@ def run_bench(
             for m in todo:
                 method = factories[m]() if factories is not None else configured(m, cfg)
                 row = run_row(model, method, task, seed, ctx, cfg.eval)
-                row["spec"] = spec
+                row["spec"] = row_spec(ident["name"], cfg, m)
                 write_json_atomic(row_path(out, name, seed, m), row)
                 if report is not None:
                     report(row)

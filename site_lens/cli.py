@@ -75,11 +75,20 @@ def _site_config(args: argparse.Namespace):
     return site_config_from_args(args)
 
 
+def _check_backend(model, cfg) -> None:
+    """A backend the model cannot run fails now, not after stage 1."""
+    from .backend import backend_for
+
+    if cfg.selection.backend != "auto":
+        backend_for(model, cfg.selection.backend)
+
+
 def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
     """Stages 1-3 and the baselines on one task; then write OUT/adapter/ and OUT/results.json."""
     from .io import save_adapter, write_json_atomic
     from .pipeline import run_task
 
+    _check_backend(model, cfg)
     update, close = _progress_bar(cfg.selection.steps, f"{task.name}: training alpha")
     try:
         results, adapter = run_task(model, task, cfg, progress=update)
@@ -187,6 +196,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q", flush=True)
 
     cfg = _site_config(args)
+    _check_backend(model, cfg)
     seeds = range(cfg.seed, cfg.seed + args.seeds)
     bench.run_bench(model, tasks, methods, seeds, out, args.data, cfg=cfg, report=report)
     print((out / "summary.md").read_text())
@@ -277,10 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser("bench", help="benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
     common(p_bench)
-    p_bench.set_defaults(**{"SiteConfig.seed": 0, "EvalConfig.max_test": 100})  # the benchmark scores 100 items by default
+    p_bench.set_defaults(**{"EvalConfig.max_test": 100})  # the benchmark scores 100 items by default
+    next(a for a in p_bench._actions if a.dest == "EvalConfig.max_test").help = "score only the first N test items (default: 100)"
     p_bench.add_argument("--tasks", default="all", help="'all' or a comma list of task names")
     p_bench.add_argument("--methods", default="all", help="'all' or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
-    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds (0 .. N-1); --seed is the first")
+    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds: --seed, --seed + 1, ... (default 1)")
     p_bench.add_argument("--out", default=None, help="output folder (default results/MODEL)")
     p_bench.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
     p_bench.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")

@@ -87,7 +87,7 @@ class EvalConfig(_Config):
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
     batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
-    max_test: int | None = None  # score only the first N test items (default: all)
+    max_test: int | None = None  # score only the first N test items
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -155,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         if f.type == "bool":
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
         else:
-            shown = "" if "default" in text else f" (default: {default})"
+            shown = "" if "default" in text else f" (default: {'all' if default is None else default})"
             metavar = flag[2:].upper().replace("-", "_")
             group.add_argument(flag, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown)
 

@@ -156,10 +156,11 @@ def summarise(
             d.groupby(["condition", "k"])[["recovery_prob", "recovery_acc", "acc", "prob"]].mean().reset_index()
         )
     alphas = {r.name: r.adapter.alpha for r in runs}
+    known = {n: c for n, c in categories.items() if c != "other"}  # an uncategorised task is in no category
     if len(alphas) > 1:
         out["overlap"] = pd.DataFrame(
             [
-                {"measure": name, **category_summary(m, categories)}
+                {"measure": name, **category_summary(m, known)}
                 for name, m in (
                     ("pearson", pearson_matrix(alphas)),
                     ("spearman", spearman_matrix(alphas)),

@@ -84,12 +84,14 @@ def train_loop(
     eval_every: int,
     keep_best: bool = True,
     progress: Callable[[int, float], None] | None = None,
+    what: str = "theta",
 ) -> TrainHistory:
     """Adam on ``params``, one step per batch of ``plan``; returns the history, params left at the best (or last).
 
     ``step_loss(batch)`` returns the batch's mean loss: differentiable (the loop back-propagates
     it) or detached with the gradients already accumulated (memory-capped chunks).
     ``valid_loss()`` runs every ``eval_every`` steps and at the last step (None or 0: never).
+    ``what`` names the parameters in the stop message (SITE's are theta).
     """
     t0 = time.perf_counter()
     hist = TrainHistory()
@@ -106,7 +108,7 @@ def train_loop(
         opt.zero_grad(set_to_none=True)
         loss = step_loss(batch)
         if not torch.isfinite(loss):
-            hist.stopped_early = f"non-finite loss ({loss.item()}) at step {step}; kept the theta of step {step - 1}"
+            hist.stopped_early = f"non-finite loss ({loss.item()}) at step {step}; kept the {what} of step {step - 1}"
             log.error(hist.stopped_early)
             restore(last_good)
             break
@@ -114,7 +116,7 @@ def train_loop(
             loss.backward()
         opt.step()
         if not all(bool(torch.isfinite(p).all()) for p in params):
-            hist.stopped_early = f"non-finite theta after step {step}; kept the theta of step {step - 1}"
+            hist.stopped_early = f"non-finite {what} after step {step}; kept the {what} of step {step - 1}"
             log.error(hist.stopped_early)
             restore(last_good)
             break

@@ -203,6 +203,9 @@ def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
         "fv": (fv._factory(model), lambda _: lambda r: r + v),
         "tv": (tv._factory(model), lambda layer: lambda r: tv.vectors[layer].expand_as(r)),
     }
+    from site_lens.backend import backend_for
+
+    assert backend_for(model).name == "packed"  # the default below is the packed backend
     for name, (factory, edit) in cases.items():
         whole = [float(first_token_loss(model, valid, prefill=factory(layer))) for layer in layers]  # whole prompts
         _, packed = choose_layer(model, valid, edit, layers)

@@ -59,6 +59,9 @@ def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
 
     task = load_task("antonym")
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
+    from site_lens.backend import backend_for
+
+    assert backend_for(model).name == "packed"  # so the comparison below is packed against hooked
     packed = causal_indirect_effect(model, task, t, n_prompts=4, n_shots=2, rows_per_call=3)  # several calls a prompt
     use_backend(model, "hooked")
     try:

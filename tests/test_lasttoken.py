@@ -389,3 +389,17 @@ def test_packed_path_past_transformer_lens_initial_rotary_table(monkeypatch):
     want = last_logits(model, tokens, torch.tensor([tokens.shape[1] - 1]), hooks=injection_hooks(model, t, gate, -1))
     got = runner.logits(tokens[:, -1], runner.prefix(tokens[:, :-1]), gate, t)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_forcing_the_packed_backend(model):
+    """Asked for, packed runs where it can; never while hooks are attached (they would be skipped); else a one-line error."""
+    from site_lens.config import ConfigError
+
+    assert backend_for(model, "packed").name == "packed"
+    model.blocks[0].hook_resid_pre.add_hook(lambda act, hook: act + 1)
+    try:
+        assert backend_for(model, "packed").name == "hooked"
+    finally:
+        model.reset_hooks()
+    with pytest.raises(ConfigError, match="normalization"):
+        backend_for(_tiny(normalization_type="LN", final_rms=False), "packed")

@@ -238,6 +238,7 @@ def train_first_token(
             valid_loss if valid and cfg.eval_every else None,
             lr=cfg.lr,
             eval_every=cfg.eval_every,
+            what="parameters",
         )
     return history.to_dict()
 
