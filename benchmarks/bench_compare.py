@@ -62,9 +62,11 @@ print(json.dumps({"step_ms": 1e3 * statistics.median(ts), "file": sl.__file__}))
 
 def run_side(path: Path, args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(path.resolve()), "HF_HUB_OFFLINE": "1"}
+    cwd = str(path.resolve())  # `python -c` and `-m` put the working folder first on sys.path
     out = subprocess.run(
         [sys.executable, "-c", STEP, args.task, args.data or "", str(args.reps)],
         env=env,
+        cwd=cwd,
         check=True,
         capture_output=True,
         text=True,
@@ -89,7 +91,7 @@ def run_side(path: Path, args: argparse.Namespace) -> dict:
         if args.data:
             cmd += ["--data", args.data]
         t0 = time.perf_counter()
-        subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        subprocess.run(cmd, env=env, cwd=cwd, check=True, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         r = json.loads((Path(tmp) / "results.json").read_text())
     secs = r["seconds"]
@@ -112,6 +114,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/compare.json")
     args = ap.parse_args()
+    args.data = str(Path(args.data).resolve()) if args.data else None
     sides = {"old": Path(args.old), "new": Path(args.new)}
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     for r in range(args.rounds):

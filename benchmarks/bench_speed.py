@@ -2,9 +2,9 @@
 
 Measures side by side, in one run:
   1. alpha-training step, batch 1, interleaved: naive (whole prompt, hooked), fast through the
-     hooked backend (frozen TransformerLens KV cache), the hooked one-token step under
-     torch.compile (compile time apart), fast from packed weights with and without the C++
-     kernels (the packed backend, the default)
+     hooked backend (frozen TransformerLens KV cache), fast from packed weights with and
+     without the C++ kernels (the packed backend, the default); the hooked step under
+     torch.compile is benchmarks/bench_compile.py
   2. Stage 1 for M = 50, N = 10
   3. per-query latency (batch 1; up to 20 new tokens stopping at the newline, and exactly 20): zero-shot, SITE, ICL
   4. model load (cold: fresh cache dir; cached), adapter size; peak RSS of a full `site-lens run`
@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch._dynamo
-import torch._dynamo.utils
 
 import site_lens as sl
 from site_lens import kernels
@@ -45,38 +43,6 @@ from site_lens.methods.site import embedding_prompts
 from site_lens.selection import AlphaTrainer
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
 from site_lens.tokens import encode, make_examples
-
-
-class CompiledHookedStep:
-    """The hooked backend's one-token step with the model's forward compiled (torch.compile, dynamic shapes).
-
-    Runs on its own copy of the model, so the other steps measured beside it stay eager. The
-    gate hooks stay attached for the whole measurement and read alpha and t from this object,
-    so a new step's values do not invalidate the compiled graph; prefixes of many lengths share
-    it (``dynamic=True``). ``frames`` counts what dynamo compiled.
-    """
-
-    def __init__(self, model, t):
-        torch._dynamo.reset()
-        self.model, self.t, self.alpha = model, t, None
-        for layer, block in enumerate(model.blocks):
-            block.attn.hook_z.add_hook(self._hook(layer))
-        model.forward = torch.compile(model.forward, dynamic=True)
-        self.backend = HookedBackend(model)
-
-    def _hook(self, layer):
-        def gate(z, hook):
-            rows = torch.arange(z.shape[0])
-            a = self.alpha[layer].to(z.dtype)[:, None]  # (head, 1)
-            return z.index_put((rows, torch.zeros_like(rows)), torch.lerp(z[:, 0], self.t[layer], a))
-
-        return gate
-
-    def loss(self, cache: PromptCache, i: int, alpha) -> torch.Tensor:
-        self.alpha = alpha
-        ((idx, logits),) = cache.logits([i])  # no alpha here: the persistent hooks gate
-        target = torch.tensor([cache.examples[j].target for j in idx])
-        return torch.nn.functional.cross_entropy(logits.float(), target)
 
 
 def med(xs):
@@ -140,7 +106,6 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=20)
     ap.add_argument("--full-run", action="store_true", help="also time a full `site-lens run` (subprocess, peak RSS)")
     ap.add_argument("--step-only", action="store_true", help="stop after the SmolLM2 training-step comparison (1.)")
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd hooked step")
     ap.add_argument("--out", default="benchmarks/results/speed.json")
     args = ap.parse_args()
     res: dict = {
@@ -180,46 +145,14 @@ def main() -> None:
             loss.backward()
         opt.step()
 
-    # 1a. the hooked one-token step under torch.compile: compile time apart, then steady state
-    compiled = None
-    if not args.no_compile:
-        c_model = sl.load_model("smollm2-135m")  # a second copy: the eager steps stay eager
-        compiled = CompiledHookedStep(c_model, tr.t)
-        c_cache = PromptCache(c_model, ex, backend=compiled.backend)
-        lengths = sorted({len(e.tokens) for e in ex})
-
-        def c_step(i):
-            opt.zero_grad(set_to_none=True)
-            compiled.loss(c_cache, i, tr.gate.alpha()).backward()
-            opt.step()
-
-        t0 = time.perf_counter()
-        c_step(0)
-        first = time.perf_counter() - t0
-        warm = [timed(lambda: c_step(i))[0] for i in range(1, 4)]
-        res["compiled_hooked_compile"] = {
-            "first_step_s": first,
-            "next_three_steps_s": warm,
-            "prompt_lengths": lengths,
-            "frames_compiled": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
-        }
-
-    hows = ("naive", "hooked", "packed_mkl", "packed") + (("compiled",) if compiled is not None else ())
-    def any_step(i, how):
-        return c_step(i) if how == "compiled" else step(i, how)
-
+    hows = ("naive", "hooked", "packed_mkl", "packed")
     for i in range(3):
         for how in hows:
-            any_step(i, how)
+            step(i, how)
     times: dict[str, list[float]] = {h: [] for h in hows}
     for i in range(args.reps):
         for how in hows:
-            times[how].append(timed(lambda: any_step(i, how))[0])
-    if compiled is not None:
-        res["compiled_hooked_compile"]["frames_compiled_after_steps"] = int(
-            torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        )
-        compiled = c_model = c_cache = None
+            times[how].append(timed(lambda: step(i, how))[0])
     flops, nbytes = step_flops_bytes(model)
     fm = med(times["packed"])
     res["train_step_ms"] = {
@@ -231,11 +164,6 @@ def main() -> None:
         "packed_mkl_median": 1e3 * med(times["packed_mkl"]),
         "packed_mkl_over_packed": med(times["packed_mkl"]) / fm,
         "row_kernel": kernels.available(),
-        **(
-            {"compiled_hooked_median": 1e3 * med(times["compiled"]), "compiled_over_packed": med(times["compiled"]) / fm}
-            if "compiled" in times
-            else {}
-        ),
         "prompt_tokens_median": med([len(e.tokens) for e in ex]),
         "fast_gflops": flops / fm / 1e9,
         "fast_weight_gb_per_s": nbytes / fm / 1e9,

@@ -138,7 +138,12 @@ class HookedBackend:
 
 
 class PackedBackend:
-    """``LastToken`` from packed weights; rebuilt when any parameter changes (replaced, written in place, moved)."""
+    """``LastToken`` from packed weights, rebuilt when any parameter has changed (replaced, written in place, moved).
+
+    The weights are checked when the runner is first used and each time ``backend_for`` hands
+    this backend out (once per fit, CIE, generation ...), not on every token: checking 300
+    parameters costs about 1 ms, a training step 50.
+    """
 
     name = "packed"
 
@@ -152,13 +157,20 @@ class PackedBackend:
     def stamp(model: HookedTransformer) -> tuple:
         return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
 
-    @property
-    def runner(self) -> LastToken:
+    def refresh(self) -> PackedBackend:
+        """Rebuild the packed weights if any parameter changed since they were packed."""
         model = self._model()
         assert model is not None, "the model is gone"
         stamp = self.stamp(model)
         if self._runner is None or stamp != self._stamp:
             self._runner, self._stamp = LastToken(model), stamp
+        return self
+
+    @property
+    def runner(self) -> LastToken:
+        if self._runner is None:
+            self.refresh()
+        assert self._runner is not None
         return self._runner
 
     def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
@@ -290,7 +302,7 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
             from .config import ConfigError
 
             raise ConfigError(f"the packed backend cannot run this model: {why}")
-        return choice.packed if choice.packed is not None else PackedBackend(model, "asked for")
+        return choice.packed.refresh() if choice.packed is not None else PackedBackend(model, "asked for")
     stamp = PackedBackend.stamp(model)
     if stamp != choice.stamp:
         choice.stamp, choice.packed = stamp, None
@@ -307,7 +319,7 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
         if choice.why_not is not None:
             log.info("hooked backend: %s", choice.why_not)
     if choice.packed is not None:
-        return choice.packed
+        return choice.packed.refresh()
     return HookedBackend(model, choice.why_not or "")
 
 
