@@ -17,8 +17,9 @@ the tests cover, that pass ``lasttoken.unsupported``'s structural checks and
 agree with the hooked backend on a probe prompt when the packed weights are
 built (a mismatch is logged and the hooked backend used). Hooks attached to
 the model when a backend is asked for also select the hooked one, so they
-fire. ``use_backend(model, "hooked")`` forces the reference ("packed" forces the
-packed one where it can run, except while hooks are attached). Callers never
+fire. ``use_backend(model, "hooked")`` forces the reference ("packed" asks for the
+packed one: an error where it cannot run, the hooked one while hooks are
+attached). Callers never
 branch: they ask for a backend and call ``prefix`` / ``logits`` / ``decoder``,
 or use ``PromptCache`` for many prompts.
 """
@@ -138,11 +139,11 @@ class HookedBackend:
 
 
 class PackedBackend:
-    """``LastToken`` from packed weights, rebuilt when any parameter has changed (replaced, written in place, moved).
+    """``LastToken`` from packed weights: a snapshot of the weights at the first use.
 
-    The weights are checked when the runner is first used and each time ``backend_for`` hands
-    this backend out (once per fit, CIE, generation ...), not on every token: checking 300
-    parameters costs about 1 ms, a training step 50.
+    ``backend_for`` checks the weights each time it hands a backend out (once per fit, CIE,
+    generation ...) and gives a new snapshot when they changed; nothing is checked per token
+    (checking 300 parameters costs about 1 ms, a training step 50).
     """
 
     name = "packed"
@@ -150,27 +151,19 @@ class PackedBackend:
     def __init__(self, model: HookedTransformer, reason: str = ""):
         self._model = weakref.ref(model)
         self.reason = reason
-        self._stamp: tuple | None = None
         self._runner: LastToken | None = None
 
     @staticmethod
     def stamp(model: HookedTransformer) -> tuple:
         return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
 
-    def refresh(self) -> PackedBackend:
-        """Rebuild the packed weights if any parameter changed since they were packed."""
-        model = self._model()
-        assert model is not None, "the model is gone"
-        stamp = self.stamp(model)
-        if self._runner is None or stamp != self._stamp:
-            self._runner, self._stamp = LastToken(model), stamp
-        return self
-
     @property
     def runner(self) -> LastToken:
+        """The packed weights, packed on first use."""
         if self._runner is None:
-            self.refresh()
-        assert self._runner is not None
+            model = self._model()
+            assert model is not None, "the model is gone"
+            self._runner = LastToken(model)
         return self._runner
 
     def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
@@ -283,9 +276,15 @@ def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
 
 
 def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
-    """The model's backend: ``kind`` ('auto', 'hooked', 'packed'), default the model's (``use_backend``)."""
+    """The model's backend: ``kind`` ('auto', 'hooked', 'packed'); None or 'auto' defer to ``use_backend``.
+
+    A packed backend is a snapshot of the weights it was packed from (so is a ``PromptCache``
+    built on it): once any parameter has been replaced, moved or written in place, the next
+    call packs (and probes) afresh. Writes through ``.data`` are not seen: call
+    ``forget(model)`` after them.
+    """
     choice = _CHOICES.setdefault(model, _Choice())
-    kind = kind or choice.kind
+    kind = choice.kind if kind in (None, "auto") else kind
     if kind not in BACKENDS:
         from .config import ConfigError
 
@@ -296,15 +295,8 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
         if kind == "packed":
             log.warning("hooks are attached to the model: running the hooked backend, not the packed one asked for")
         return HookedBackend(model, "hooks are attached to the model")
-    if kind == "packed":
-        why = packed_blocker(model)
-        if why is not None:
-            from .config import ConfigError
-
-            raise ConfigError(f"the packed backend cannot run this model: {why}")
-        return choice.packed.refresh() if choice.packed is not None else PackedBackend(model, "asked for")
     stamp = PackedBackend.stamp(model)
-    if stamp != choice.stamp:
+    if stamp != choice.stamp:  # new or changed weights: a new snapshot, never an old one rebuilt in place
         choice.stamp, choice.packed = stamp, None
         choice.why_not = packed_blocker(model)
         if choice.why_not is None:
@@ -319,8 +311,19 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
         if choice.why_not is not None:
             log.info("hooked backend: %s", choice.why_not)
     if choice.packed is not None:
-        return choice.packed.refresh()
+        return choice.packed
+    if kind == "packed":
+        from .config import ConfigError
+
+        raise ConfigError(f"the packed backend cannot run this model: {choice.why_not}")
     return HookedBackend(model, choice.why_not or "")
+
+
+def forget(model: HookedTransformer) -> None:
+    """Drop the model's packed snapshot and choice (after writing weights through ``.data``); keeps ``use_backend``."""
+    choice = _CHOICES.get(model)
+    if choice is not None:
+        choice.stamp, choice.packed, choice.why_not = None, None, None
 
 
 def describe(backend: Backend) -> dict[str, str]:

@@ -111,7 +111,7 @@ _EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_sho
 _SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast")
 
 
-def row_spec(model_name: str, cfg: SiteConfig, method: str) -> dict[str, Any]:
+def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float32") -> dict[str, Any]:
     """What a finished row of ``method`` must share with a rerun to be skipped.
 
     Settings at their defaults are left out, so folders from before settings were recorded resume.
@@ -122,6 +122,8 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str) -> dict[str, Any]:
     changed: dict[str, Any] = {}
     if not cfg.eval.stop_at_newline:
         changed["stop_at_newline"] = False
+    if dtype != "float32":
+        changed["dtype"] = dtype
     for k in _EMBEDDING_USERS.get(method, ()):
         if getattr(cfg.embedding, k) != getattr(default.embedding, k):
             changed[f"embedding.{k}"] = getattr(cfg.embedding, k)
@@ -212,7 +214,7 @@ def run_bench(
     for name in tasks:
         task = load_task(name, data_dir=data_dir)
         for seed in seeds:
-            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), row_spec(ident["name"], cfg, m))]
+            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), row_spec(ident["name"], cfg, m, str(model.cfg.dtype).removeprefix("torch.")))]
             if not todo:
                 log.info("%s seed %d: done, skipped", name, seed)
                 continue
@@ -220,7 +222,7 @@ def run_bench(
             for m in todo:
                 method = factories[m]() if factories is not None else configured(m, cfg)
                 row = run_row(model, method, task, seed, ctx, cfg.eval)
-                row["spec"] = row_spec(ident["name"], cfg, m)
+                row["spec"] = row_spec(ident["name"], cfg, m, str(model.cfg.dtype).removeprefix("torch."))
                 write_json_atomic(row_path(out, name, seed, m), row)
                 if report is not None:
                     report(row)

@@ -77,7 +77,7 @@ class AlphaTrainer:
 
     def backend(self) -> Backend:
         """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model)."""
-        return backend_for(self.model, self.cfg.backend)
+        return backend_for(self.model, self.cfg.backend)  # 'auto' defers to use_backend(model, ...)
 
     # ------------------------------------------------------------ training
 

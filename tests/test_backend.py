@@ -106,3 +106,37 @@ def test_the_gate_formula_is_written_once(model, monkeypatch):
     after = run()
     for key in before:
         assert not torch.allclose(before[key], after[key], atol=1e-4), key
+
+
+def test_a_packed_snapshot_stays_whole_when_weights_change():
+    """A live PromptCache keeps the weights it was built from; backend_for then hands out a new snapshot."""
+    from test_lasttoken import _tiny
+
+    from site_lens.backend import forget, use_backend
+    from site_lens.config import SelectionConfig
+    from site_lens.selection import AlphaTrainer
+
+    model = _tiny()
+    ex = [Example(p, 1) for p in PROMPTS]
+    old = PromptCache(model, ex)
+    before = torch.cat([lg for _, lg in old.logits(range(4))])
+    with torch.no_grad():
+        model.blocks[0].mlp.W_in.mul_(3.0)
+    for kind in ("auto", "packed"):  # neither rebuilds the snapshot the old cache holds
+        assert backend_for(model, kind) is not old.backend
+    assert torch.allclose(torch.cat([lg for _, lg in old.logits(range(4))]), before)
+    new = torch.cat([lg for _, lg in PromptCache(model, ex).logits(range(4))])
+    ref = torch.cat([lg for _, lg in PromptCache(model, ex, backend=HookedBackend(model)).logits(range(4))])
+    assert torch.allclose(new, ref, atol=1e-5) and not torch.allclose(new, before, atol=1e-3)
+    # a write through .data is not seen until forget()
+    with torch.no_grad():
+        model.blocks[0].mlp.W_in.data.mul_(0.5)
+    stale = backend_for(model)
+    forget(model)
+    assert backend_for(model) is not stale
+    # use_backend reaches SITE's training too ('auto' in its config defers to it)
+    use_backend(model, "hooked")
+    try:
+        assert AlphaTrainer(model, torch.zeros(2, 4, 8), SelectionConfig()).backend().name == "hooked"
+    finally:
+        use_backend(model, "auto")

@@ -101,6 +101,7 @@ def _blocker(tmp_path: Path) -> Path:
 
 
 BAD_VALUES = [
+    (["bench", "--seeds", "0"], "--seeds must be >= 1"),
     (["run", "--task", "antonym", "--shots", "0"], "n_shots must be >= 1"),
     (["run", "--task", "antonym", "--prompts", "0"], "n_prompts must be >= 1"),
     (["run", "--task", "antonym", "--lr", "inf"], "finite number > 0"),
