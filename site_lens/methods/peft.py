@@ -55,7 +55,29 @@ def scale_hook(act: Tensor, hook: HookPoint, s: Tensor) -> Tensor:
     return act * s.to(act.dtype)
 
 
-class LoRA(Method):
+class _Adapted(Method):
+    """Parameters added to the frozen model through persistent hooks, trained by ``train_first_token``."""
+
+    params: nn.ParameterList | None
+    train_cfg: TrainConfig
+
+    @property
+    def n_trainable(self) -> int:
+        return 0 if self.params is None else sum(p.numel() for p in self.params)
+
+    def init_params(self, model: HookedTransformer, seed: int = 0) -> None:
+        raise NotImplementedError
+
+    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+        self.init_params(model, seed)
+        assert self.params is not None
+        train, valid = train_valid_examples(model, task)
+        self.info = train_first_token(
+            model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
+        )
+
+
+class LoRA(_Adapted):
     """Low-rank updates of W_Q and W_V in every layer (rank 8, alpha 16)."""
 
     name = "lora"
@@ -65,10 +87,6 @@ class LoRA(Method):
         self.rank, self.alpha = rank, alpha
         self.train_cfg = train or TrainConfig(steps=100, lr=1e-3, batch_size=8)
         self.params: nn.ParameterList | None = None  # per layer: A_q, B_q, A_v, B_v
-
-    @property
-    def n_trainable(self) -> int:
-        return 0 if self.params is None else sum(p.numel() for p in self.params)
 
     def init_params(self, model: HookedTransformer, seed: int) -> None:
         cfg = model.cfg
@@ -85,13 +103,6 @@ class LoRA(Method):
                 ]
         self.params = nn.ParameterList(params)
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
-        self.init_params(model, seed)
-        train, valid = train_valid_examples(model, task)
-        self.info = train_first_token(
-            model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
-        )
-
     def persistent_hooks(self, model: HookedTransformer) -> Hooks:
         assert self.params is not None, "fit first"
         hooks: Hooks = []
@@ -107,7 +118,7 @@ class LoRA(Method):
         return hooks
 
 
-class IA3(Method):
+class IA3(_Adapted):
     """Learned rescaling of keys, values and the MLP's inner activation in every layer."""
 
     name = "ia3"
@@ -117,23 +128,12 @@ class IA3(Method):
         self.train_cfg = train or TrainConfig(steps=100, lr=3e-3, batch_size=8)
         self.params: nn.ParameterList | None = None  # per layer: l_k, l_v, l_ff
 
-    @property
-    def n_trainable(self) -> int:
-        return 0 if self.params is None else sum(p.numel() for p in self.params)
-
-    def init_params(self, model: HookedTransformer) -> None:
+    def init_params(self, model: HookedTransformer, seed: int = 0) -> None:
         cfg = model.cfg
         n_kv = cfg.n_key_value_heads or cfg.n_heads
         shapes = [(n_kv, cfg.d_head), (n_kv, cfg.d_head), (cfg.d_mlp,)]
         self.params = nn.ParameterList(
             [nn.Parameter(torch.ones(s, device=cfg.device)) for _ in range(cfg.n_layers) for s in shapes]
-        )
-
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
-        self.init_params(model)
-        train, valid = train_valid_examples(model, task)
-        self.info = train_first_token(
-            model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
         )
 
     def persistent_hooks(self, model: HookedTransformer) -> Hooks:
