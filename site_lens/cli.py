@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_fig.add_argument("--model", default="smollm2-135m")
     p_fig.add_argument("--device", default=None)
     p_fig.add_argument("--dtype", default="float32")
-    p_fig.add_argument("--data", default=None, help="the tasks' data folder (FV layout; its README gives the categories)")
+    p_fig.add_argument("--data", default=None, help="the tasks' data folder (FV layout)")
     p_fig.add_argument("--max-test", type=int, default=50, help="test items for patching and transfer")
     p_fig.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE")
     p_fig.add_argument("--draws", type=int, default=5, help="random head sets per k")

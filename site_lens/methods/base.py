@@ -188,7 +188,7 @@ def score_method(
 
 @dataclass
 class TrainConfig(_Config):
-    """Budget of ``train_first_token`` (modest, for CPU; see the README's table)."""
+    """Budget of ``train_first_token`` (modest, for CPU; see docs/benchmark.md)."""
 
     steps: int = 100  # optimiser steps
     lr: float = 1e-2  # Adam learning rate
