@@ -23,15 +23,21 @@ test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
 	HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 notebooks
 
-# PNG export (kaleido) needs a Chromium; without it `site-lens figures` still writes HTML.
+# PNG export (kaleido) drives a Chromium. `make chromium` installs Debian's when none is found
+# (needs root and apt-get); without one, figures are written as HTML only.
 chromium:
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium for PNG export (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make chromium: no Chromium found and none can be installed here (needs root and apt-get);" \
+	  "figures will be HTML only. Install chromium or google-chrome for PNG export."; fi
 
 test-fast: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
 
-demo: venv
-	HF_HUB_OFFLINE=1 $(PY) -m site_lens demo --out runs/demo --figures figures
+demo: venv chromium
+	HF_HUB_OFFLINE=1 $(PY) -m site_lens demo --out runs/demo
 
 lint: venv
 	$(PY) -m ruff check site_lens tests benchmarks

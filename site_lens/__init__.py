@@ -7,6 +7,7 @@ Stages, each in the module of its name:
   methods.fit_site                 stages 1 and 2 on a task; every scored method behind one interface
 """
 
+from ._version import __version__
 from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
 from .embeddings import build_task_embedding
 from .gate import AlphaGate, gate_hook, injection_hooks
@@ -20,8 +21,6 @@ from .selection import AlphaTrainer
 from .tasks import Task, build_prompt, builtin_tasks, load_task
 from .tiny import tiny_model
 
-__version__ = "0.1.0"
-
 __all__ = [
     "Adapter",
     "AlphaGate",
@@ -32,6 +31,7 @@ __all__ = [
     "SiteConfig",
     "SiteFit",
     "Task",
+    "__version__",
     "build_prompt",
     "build_task_embedding",
     "builtin_tasks",

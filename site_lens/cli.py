@@ -1,12 +1,9 @@
-"""The ``site-lens`` command: thin subcommands over the API.
-
-    site-lens run --model smollm2-135m --task antonym [--data DIR] [--out DIR] ...
-    site-lens demo [--out DIR]
-    site-lens tasks [--data DIR]
+"""The site-lens command: thin subcommands over the Python API.
 
 Errors in user input (bad task file, unknown model or task, too few examples,
 prompt too long, mismatched adapter) print one line, ``site-lens: error: ...``,
-and exit with status 2.
+and exit with status 2. Multi-value flags take comma lists; ``-v`` may stand
+before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -21,6 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._version import __version__
+
+DESCRIPTION = (
+    "SITE (soft head selection for ICL-derived task embeddings) on TransformerLens: build a task embedding "
+    "from few-shot prompts, learn one weight per attention head, inject it into zero-shot prompts, and "
+    "analyse which heads carry the task."
+)
+DEMO_TASKS = "uppercase,next-number"  # generated built-in tasks with 101 test items each
+
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from .config import ConfigError
@@ -30,6 +36,35 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .tokens import PromptTooLongError
 
     return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError)
+
+
+def comma_list(text: str) -> list[str]:
+    """'a,b, c' -> ['a', 'b', 'c'] (empty items dropped)."""
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def seed_list(text: str) -> list[int]:
+    """A comma list of integer seeds, e.g. '0,1,2'."""
+    try:
+        seeds = [int(s) for s in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got '{text}'") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("expected at least one seed")
+    return list(dict.fromkeys(seeds))
+
+
+def int_or_all(text: str) -> int | None:
+    """A positive integer, or 'all' (None)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
+    return value
 
 
 def check_writable(out: Path) -> None:
@@ -46,33 +81,49 @@ def check_writable(out: Path) -> None:
 
 
 def _progress_bar(total: int, desc: str) -> tuple[Callable[[int, float], None], Callable[[], None]]:
+    """A training bar that appears at the first step, so one-time setup is not counted as steps."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, disable=not sys.stderr.isatty() and "CI" in os.environ)
+    state: dict[str, Any] = {}
+    disable = not sys.stderr.isatty() and "CI" in os.environ
 
     def update(step: int, loss: float) -> None:
-        bar.update(1)
+        if "bar" not in state:  # created at step 1: the rate and the time left count steps only
+            state["bar"] = tqdm(total=total, initial=1, desc=desc, leave=False, file=sys.stderr, disable=disable)
+            return
+        state["bar"].update(1)
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}")
+            state["bar"].set_postfix(loss=f"{loss:.3f}")
 
-    return update, bar.close
+    def close() -> None:
+        if "bar" in state:
+            state["bar"].close()
+
+    return update, close
+
+
+METHOD_LABELS = {"zero_shot": "zero-shot", "icl": "ICL", "site": "SITE"}
+
+
+def _cell(rate: float, n: int) -> str:
+    from .stats import wilson_interval
+
+    lo, hi = wilson_interval(rate * n, n)
+    return f"{rate:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'task':<22} {'method':<10} {'first-tok':>9} {'exact':>7} {'strict':>7} {'ms/query':>9}"
+    """Scores with n and a 95 % Wilson interval each, and the cost per query."""
+    head = f"{'task':<16} {'method':<9} {'n':>4}  {'first token':<17} {'exact match':<17} {'strict match':<17} {'ms/query':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
+        n = int(r["n"])
         lines.append(
-            f"{r['task']:<22} {r['method']:<10} {r['first_token_acc']:>9.3f} {r['exact_match']:>7.3f} "
-            f"{r['strict_match']:>7.3f} {r['ms_per_query']:>9.1f}"
+            f"{r['task']:<16} {METHOD_LABELS.get(r['method'], r['method']):<9} {n:>4}  "
+            f"{_cell(r['first_token_acc'], n):<17} {_cell(r['exact_match'], n):<17} {_cell(r['strict_match'], n):<17} "
+            f"{r['ms_per_query']:>8.1f}"
         )
     return "\n".join(lines)
-
-
-def _site_config(args: argparse.Namespace):
-    from .config import site_config_from_args
-
-    return site_config_from_args(args)
 
 
 def _check_backend(model, cfg) -> None:
@@ -83,12 +134,19 @@ def _check_backend(model, cfg) -> None:
         backend_for(model, cfg.selection.backend)
 
 
+def _check_task(task, cfg) -> None:
+    from .tasks import check_enough
+
+    check_enough(task.train, cfg.embedding.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)")
+
+
 def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
     """Stages 1-3 and the baselines on one task; then write OUT/adapter/ and OUT/results.json."""
     from .io import save_adapter, write_json_atomic
     from .pipeline import run_task
 
     _check_backend(model, cfg)
+    print(f"{task.name}: scoring zero-shot and ICL, building the task embedding (setup), then training alpha", file=sys.stderr, flush=True)
     update, close = _progress_bar(cfg.selection.steps, f"{task.name}: training alpha")
     try:
         results, adapter = run_task(model, task, cfg, progress=update)
@@ -108,16 +166,13 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .models import load_model
+    from .config import site_config_from_args
+    from .models import load_model, resolve_model_name
     from .tasks import load_task
 
-    cfg = _site_config(args)
+    cfg = site_config_from_args(args)
     task = load_task(args.task, data_dir=args.data)  # bad task input fails before the model loads
-    from .tasks import check_enough
-
-    check_enough(task.train, cfg.embedding.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)")
-    from .models import resolve_model_name
-
+    _check_task(task, cfg)
     resolve_model_name(args.model)  # an unknown model fails before anything is written
     out = Path(args.out) if args.out else Path("runs") / args.model / task.name
     check_writable(out)
@@ -131,78 +186,113 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """SITE on every built-in task; prints the table and writes an alpha heatmap."""
+    """SITE, zero-shot and ICL on built-in tasks: the table with intervals, alpha heatmaps and training curves."""
+    from .config import site_config_from_args
     from .models import load_model
-    from .tasks import builtin_tasks, check_enough, load_task
+    from .tasks import load_task
 
-    cfg = _site_config(args)
-    tasks = [load_task(name) for name in args.tasks or builtin_tasks()]  # bad input fails before any work
+    cfg = site_config_from_args(args)
+    tasks = [load_task(name) for name in args.tasks]  # bad input fails before any work
     for task in tasks:
-        check_enough(task.train, cfg.embedding.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)")
+        _check_task(task, cfg)
     out = Path(args.out)
+    fig_dir = Path(args.figures) if args.figures else out / "figures"
     check_writable(out)
-    check_writable(Path(args.figures))
+    check_writable(fig_dir)
+    t0 = time.perf_counter()
     model = load_model(args.model, device=args.device, dtype=args.dtype)
-    rows, alphas = [], {}
+    print(f"loaded {args.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    rows, runs = [], {}
     for task in tasks:
-        name = task.name
-        res = run_one(model, task, cfg, out / name)
+        res = run_one(model, task, cfg, out / task.name)
         rows += _rows(res)
-        from .io import load_adapter
-
-        alphas[name] = load_adapter(out / name / "adapter").alpha
+        runs[task.name] = res
         print(_table(_rows(res)).split("\n", 2)[-1], flush=True)
     print()
     print(_table(rows))
-    try:
-        from .plots import alpha_heatmap, save_figure
+    print("[lo, hi]: 95 % Wilson interval over the n test items. ms/query: generation cost per test item.")
+    from .io import load_adapter
+    from .plots import alpha_heatmap, save_figure, training_curve
 
-        fig_dir = Path(args.figures)
-        for name, a in alphas.items():
-            written = save_figure(alpha_heatmap(a, title=f"SITE alpha, {args.model}, {name}"), fig_dir / f"demo_alpha_{name}")
-            print("wrote " + ", ".join(str(w) for w in written))
-    except ImportError as e:  # plots module missing: the table still stands
-        print(f"(no figure: {e})")
+    for name, res in runs.items():
+        alpha = load_adapter(out / name / "adapter").alpha
+        written = save_figure(alpha_heatmap(alpha, title=f"SITE head weights, {name}"), fig_dir / f"alpha_{name}")
+        if res.get("history"):
+            written += save_figure(training_curve(res["history"], title=f"alpha training, {name}"), fig_dir / f"training_{name}")
+        print("wrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Apply a saved adapter to new inputs, one per line, and print or write one generation per input."""
+    from .config import EvalConfig
+    from .io import load_adapter, write_text_atomic
+    from .models import load_model, model_identity
+    from .pipeline import predict
+    from .tasks import TaskError, format_query
+
+    adapter = load_adapter(args.adapter)
+    if args.input in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.input).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TaskError(f"{args.input}: cannot read inputs ({e.__class__.__name__}: {e})") from None
+    inputs = [line.strip() for line in text.splitlines() if line.strip()]
+    if not inputs:
+        raise TaskError(f"no inputs in {args.input or 'standard input'}: give one input per line")
+    if args.out:
+        check_writable(Path(args.out).parent)
+    name = args.model or adapter.model.get("name")
+    model = load_model(name, device=args.device, dtype=args.dtype)
+    adapter.check_model(model_identity(model))
+    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)
+    gens, _ = predict(model, [format_query(x) for x in inputs], None if args.zero_shot else adapter, cfg)
+    lines = [g.strip().split("\n")[0].strip() for g in gens]
+    if args.out:
+        write_text_atomic(args.out, "".join(f"{line}\n" for line in lines))
+        print(f"wrote {len(lines)} generations to {args.out}", file=sys.stderr)
+    else:
+        for x, y in zip(inputs, lines):
+            print(f"{x}\t{y}" if args.with_input else y)
     return 0
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from .tasks import TaskError, builtin_tasks, load_task
+    from .bench import available_tasks
+    from .tasks import category, load_task
 
-    if args.data and not Path(args.data).is_dir():
-        raise TaskError(f"{args.data}: data folder not found")
-    names = sorted(p.name for p in Path(args.data).iterdir() if p.is_dir()) if args.data else builtin_tasks()
-    for n in names:
+    for n in available_tasks(args.data):
         t = load_task(n, data_dir=args.data)
-        print(f"{n:<28} train {len(t.train):>5}  valid {len(t.valid):>4}  test {len(t.test):>5}  case-sensitive {t.case_sensitive}")
+        print(
+            f"{n:<28} train {len(t.train):>5}  valid {len(t.valid):>4}  test {len(t.test):>5}  "
+            f"case-sensitive {'yes' if t.case_sensitive else 'no ':<3}  {category(t)}"
+        )
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Every (task, method, seed) row, resumable; then OUT/summary.{csv,md}."""
     from . import bench
+    from .config import site_config_from_args
     from .methods import METHODS
     from .models import load_model
 
-    _site_config(args)  # a bad config value fails before the model loads
-    if args.seeds < 1:
-        from .config import ConfigError
-
-        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    cfg = site_config_from_args(args)  # a bad config value fails before the model loads
     methods = bench.resolve(args.methods, list(METHODS), "method")
     tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), args.shard)
+    seeds = args.seeds or [cfg.seed]
     out = Path(args.out) if args.out else Path("results") / args.model
     check_writable(out)
     model = load_model(args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices)
 
     def report(r: dict[str, Any]) -> None:
         print(f"{r['task']:<26} {r['method']:<10} first-tok {r['first_token_acc']:.3f} exact {r['exact_match']:.3f} "
-              f"params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q", flush=True)
+              f"n {r['n_test']:>4} params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q", flush=True)
 
-    cfg = _site_config(args)
     if "site" in methods:
         _check_backend(model, cfg)
-    seeds = range(cfg.seed, cfg.seed + args.seeds)
     bench.run_bench(model, tasks, methods, seeds, out, args.data, cfg=cfg, report=report)
     print((out / "summary.md").read_text())
     print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'rows.csv'}")
@@ -220,107 +310,183 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_figures(args: argparse.Namespace) -> int:
-    """Figures (HTML + PNG) from run folders; with --analyse, first patching, CIE and transfer (loads the model)."""
-    from .report import TRANSFER_FILE, find_runs, summarise, write_figures
+def _find_runs(root: str):
+    from .report import find_runs
+    from .tasks import TaskError
 
-    runs = find_runs(args.runs)
+    runs = find_runs(root)
     if not runs:
-        from .tasks import TaskError
+        raise TaskError(f"no run folders (results.json + adapter/) under {root}")
+    return runs
 
-        raise TaskError(f"no run folders (results.json + adapter/) under {args.runs}")
-    out = Path(args.out)
-    check_writable(out)
-    if args.analyse:
-        from .models import load_model
 
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
-        from .report import analyse_runs
+def cmd_analyse(args: argparse.Namespace) -> int:
+    """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""
+    from .models import load_model
+    from .report import analyse_runs
 
-        analyse_runs(model, runs, args.data, max_items=args.max_test, cie_prompts=args.cie_prompts, draws=args.draws)
+    runs = _find_runs(args.runs)
+    for r in runs:
+        check_writable(r.path)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    max_items = args.max_test if args.max_test is not None else 10**9
+    analyse_runs(model, runs, args.data, max_items=max_items, cie_prompts=args.cie_prompts, draws=args.draws, redo=args.redo)
+    print(f"analysed {len(runs)} runs under {args.runs}; draw them with: site-lens figures --runs {args.runs}")
+    return 0
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    """Figures (HTML + PNG) and tables from run folders and bench folders; no model is loaded."""
     import pandas as pd
 
-    transfer_path = Path(args.runs) / TRANSFER_FILE
-    transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
-    written = write_figures(runs, out, transfer)
-    for name, df in summarise(runs).items():
-        print(f"\n[{name}]")
-        print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        if args.tables:
-            Path(args.tables).mkdir(parents=True, exist_ok=True)
-            df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
+    from .report import TRANSFER_FILE, summarise, write_benchmark_figures, write_figures
+    from .tasks import TaskError
+
+    if not args.runs and not args.bench:
+        raise TaskError("nothing to draw: give --runs DIR (run folders) and/or --bench DIR[,DIR] (bench folders)")
+    out = Path(args.out)
+    check_writable(out)
+    written: list[Path] = []
+    if args.runs:
+        runs = _find_runs(args.runs)
+        transfer_path = Path(args.runs) / TRANSFER_FILE
+        transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
+        written += write_figures(runs, out, transfer)
+        for name, df in summarise(runs).items():
+            print(f"\n[{name}]")
+            print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+            if args.tables:
+                Path(args.tables).mkdir(parents=True, exist_ok=True)
+                df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
+    if args.bench:
+        dirs = [Path(d) for d in args.bench]
+        missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
+        if missing:
+            raise TaskError(f"no rows.csv in bench folder(s) {', '.join(missing)}")
+        written += write_benchmark_figures(dirs, out)
     print(f"\nwrote {len(written)} files under {out}/:")
     for w in written:
         print(f"  {w}")
     return 0
 
 
+# ---------------------------------------------------------------- the parser
+
+EXAMPLES = {
+    "run": """examples:
+  site-lens run --task antonym
+  site-lens run --task antonym --steps 100 --out runs/antonym
+  site-lens run --data path/to/fv --task country-capital --max-test all --device cuda""",
+    "demo": f"""examples:
+  site-lens demo                                  # tasks {DEMO_TASKS}
+  site-lens demo --tasks antonym,country-capital --out runs/demo2""",
+    "predict": """examples:
+  printf 'bright\\nriver\\n' | site-lens predict --adapter runs/demo/uppercase/adapter
+  site-lens predict --adapter runs/antonym/adapter --input words.txt --out answers.txt""",
+    "tasks": """examples:
+  site-lens tasks
+  site-lens tasks --data path/to/fv""",
+    "bench": """examples:
+  site-lens bench --data path/to/fv --tasks antonym,capitalize --methods zero_shot,icl,site --seeds 0,1,2
+  site-lens bench --data path/to/fv --shard 0/4 --out results/shard0    # then: site-lens bench-merge ...""",
+    "bench-merge": """examples:
+  site-lens bench-merge results/shard0 results/shard1 --out results/smollm2-135m""",
+    "analyse": """examples:
+  site-lens analyse --runs runs/fv --data path/to/fv
+  site-lens figures --runs runs/fv --out figures   # then draw""",
+    "figures": """examples:
+  site-lens figures --runs results/head_specificity/runs --out figures
+  site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out figures""",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``site-lens`` argument parser, one subparser per command."""
-    parser = argparse.ArgumentParser(prog="site-lens", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="site-lens", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"site-lens {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (also accepted after the subcommand)")
+    verbose = argparse.ArgumentParser(add_help=False)  # -v after the subcommand too, without overriding one before it
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), gemma-3-270m, or a TransformerLens name")
-        p.add_argument("--device", default=None, help="cpu (default), cuda, ...")
-        p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    def add(name: str, func, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name, help=help, description=help, epilog=EXAMPLES[name], parents=[verbose],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(func=func)
+        return p
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def model_args(p: argparse.ArgumentParser, default: str | None = "smollm2-135m") -> None:
+        p.add_argument(
+            "--model", default=default,
+            help="smollm2-135m (default), gemma-3-270m (embedded), or a TransformerLens name (needs the hub)"
+            if default else "model name (default: the one the adapter was trained on)",
+        )
+        p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, mps, ...")
+        p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+
+    def data_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data", default=None, help="folder of tasks: FV task folders (train/valid/test.json) or .json lists")
+
+    def site_args(p: argparse.ArgumentParser) -> None:
         from .config import add_site_arguments
 
         model_args(p)
-        p.add_argument("--data", default=None, help="folder of tasks in the FV layout (task folders or .json lists)")
+        data_arg(p)
         add_site_arguments(p)
 
-    p_run = sub.add_parser("run", help="stages 1-3 on one task, plus zero-shot and ICL; writes OUT/results.json and OUT/adapter/")
-    common(p_run)
-    p_run.add_argument("--task", required=True, help="a built-in task name, or a task under --data, or a path")
-    p_run.add_argument("--out", default=None, help="output folder (default runs/MODEL/TASK)")
-    p_run.set_defaults(func=cmd_run)
+    p = add("run", cmd_run, "stages 1-3 on one task, plus zero-shot and ICL; writes OUT/results.json and OUT/adapter/")
+    site_args(p)
+    p.add_argument("--task", required=True, help="a built-in task name, a task under --data, or a path (folder or .json)")
+    p.add_argument("--out", default=None, help="output folder (default runs/MODEL/TASK)")
 
-    p_demo = sub.add_parser("demo", help="SITE on the built-in tasks: table + alpha heatmaps")
-    common(p_demo)
-    p_demo.add_argument("--tasks", nargs="*", default=None, help="built-in task names (default: all)")
-    p_demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    p_demo.add_argument("--figures", default="figures", help="folder for the alpha heatmaps (default figures/)")
-    p_demo.set_defaults(func=cmd_demo)
+    p = add("demo", cmd_demo, "SITE against zero-shot and ICL on built-in tasks: scores with intervals, figures")
+    site_args(p)
+    p.add_argument("--tasks", type=comma_list, default=comma_list(DEMO_TASKS), help=f"comma list of built-in tasks (default {DEMO_TASKS})")
+    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    p.add_argument("--figures", default=None, help="folder for the figures (default OUT/figures)")
 
-    p_tasks = sub.add_parser("tasks", help="list built-in tasks, or the tasks under --data")
-    p_tasks.add_argument("--data", default=None)
-    p_tasks.set_defaults(func=cmd_tasks)
+    p = add("predict", cmd_predict, "apply a saved adapter to new inputs (one per line); prints one generation per line")
+    p.add_argument("--adapter", required=True, help="an adapter folder written by run, demo or save_adapter")
+    p.add_argument("--input", default=None, help="file of inputs, one per line; '-' or omitted: standard input (blank lines skipped)")
+    p.add_argument("--out", default=None, help="write the generations to this file instead of printing them")
+    p.add_argument("--with-input", action="store_true", help="print 'input<TAB>generation' lines")
+    p.add_argument("--zero-shot", action="store_true", help="generate without the adapter (for comparison)")
+    p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per input (default 20)")
+    p.add_argument("--batch-size", type=int, default=64, help="inputs per generation batch (default 64)")
+    model_args(p, default=None)
 
-    p_bench = sub.add_parser("bench", help="benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
-    common(p_bench)
-    p_bench.set_defaults(**{"EvalConfig.max_test": 100})  # the benchmark scores 100 items by default
-    next(a for a in p_bench._actions if a.dest == "EvalConfig.max_test").help = "score only the first N test items (default: 100)"
-    p_bench.add_argument("--tasks", default="all", help="'all' or a comma list of task names")
-    p_bench.add_argument("--methods", default="all", help="'all' or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
-    p_bench.add_argument("--seeds", type=int, default=1, help="number of seeds: --seed, --seed + 1, ... (default 1)")
-    p_bench.add_argument("--out", default=None, help="output folder (default results/MODEL)")
-    p_bench.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
-    p_bench.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")
-    p_bench.set_defaults(func=cmd_bench)
+    p = add("tasks", cmd_tasks, "list the built-in tasks, or the tasks under --data (folders and .json lists)")
+    data_arg(p)
 
-    p_merge = sub.add_parser("bench-merge", help="merge bench output folders (shards) into one summary")
-    p_merge.add_argument("dirs", nargs="+", help="bench output folders")
-    p_merge.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
-    p_merge.set_defaults(func=cmd_bench_merge)
+    p = add("bench", cmd_bench, "benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}")
+    site_args(p)
+    p.add_argument("--tasks", default="all", help="'all' (default) or a comma list of task names")
+    p.add_argument("--methods", default="all", help="'all' (default) or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3")
+    p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
+    p.add_argument("--out", default=None, help="output folder (default results/MODEL)")
+    p.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
+    p.add_argument("--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)")
 
-    p_fig = sub.add_parser("figures", help="head-specificity figures (HTML + PNG) and tables from run folders under --runs")
-    p_fig.add_argument("--runs", required=True, help="folder searched recursively for results.json + adapter/")
-    p_fig.add_argument("--out", default="figures", help="folder for the figures (default figures/)")
-    p_fig.add_argument("--analyse", action="store_true", help="first compute patching, CIE and transfer (loads --model)")
-    p_fig.add_argument("--model", default="smollm2-135m")
-    p_fig.add_argument("--device", default=None)
-    p_fig.add_argument("--dtype", default="float32")
-    p_fig.add_argument("--data", default=None, help="the tasks' data folder (FV layout)")
-    p_fig.add_argument("--max-test", type=int, default=50, help="test items for patching and transfer")
-    p_fig.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE")
-    p_fig.add_argument("--draws", type=int, default=5, help="random head sets per k")
-    p_fig.add_argument("--tables", default=None, help="also write the summary tables as CSV into this folder")
-    p_fig.set_defaults(func=cmd_figures)
+    p = add("bench-merge", cmd_bench_merge, "merge bench output folders (shards) into one summary")
+    p.add_argument("dirs", nargs="+", help="bench output folders")
+    p.add_argument("--out", default=None, help="where to write the summary (default: the first folder)")
 
+    p = add("analyse", cmd_analyse, "patching, CIE and transfer for run folders (loads the model; slow)")
+    p.add_argument("--runs", required=True, help="folder searched recursively for run folders (results.json + adapter/)")
+    model_args(p)
+    data_arg(p)
+    p.add_argument("--max-test", type=int_or_all, default=100, metavar="N|all", help="test items for patching and transfer (default: 100)")
+    p.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE (default 25)")
+    p.add_argument("--draws", type=int, default=5, help="random head sets per k (default 5)")
+    p.add_argument("--redo", action="store_true", help="recompute analyses that already exist")
+
+    p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")
+    p.add_argument("--runs", default=None, help="folder searched recursively for run folders (after analyse: patching, CIE, transfer)")
+    p.add_argument("--bench", type=comma_list, default=None, help="comma list of bench output folders (each with rows.csv)")
+    p.add_argument("--out", default="figures", help="folder for the figures (default figures/)")
+    p.add_argument("--tables", default=None, help="also write the run summary tables as CSV into this folder")
     return parser
 
 
@@ -335,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("site-lens: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into head etc.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

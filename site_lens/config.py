@@ -87,7 +87,7 @@ class EvalConfig(_Config):
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
     batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
-    max_test: int | None = None  # score only the first N test items
+    max_test: int | None = 100  # score only the first N test items; 'all' scores every one (default: 100)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -133,8 +133,10 @@ def field_help(cls: type) -> dict[str, str]:
 
 
 def _parse(kind: str):
-    def parse(text: str):  # an optional field is None by leaving its flag out
+    def parse(text: str):  # an optional int field (max_test) takes 'all' for None
         base = kind.split("|")[0].strip()
+        if "None" in kind and text.strip().lower() == "all":
+            return None
         return {"int": int, "float": float, "str": str}[base](text)
 
     parse.__name__ = kind.split("|")[0].strip()  # argparse names the type in its errors
@@ -156,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
         else:
             shown = "" if "default" in text else f" (default: {'all' if default is None else default})"
-            metavar = flag[2:].upper().replace("-", "_")
+            metavar = "N|all" if "None" in str(f.type) else flag[2:].upper().replace("-", "_")
             group.add_argument(flag, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown)
 
 

@@ -1,4 +1,4 @@
-"""Rank and linear correlation of flattened arrays (numpy only, no scipy)."""
+"""Small statistics without scipy: rank and linear correlation of flattened arrays, and the Wilson interval."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ def spearman(x: Tensor | np.ndarray | Sequence[float | int], y: Tensor | np.ndar
     a = np.asarray(torch.as_tensor(x, dtype=torch.float64).flatten())
     b = np.asarray(torch.as_tensor(y, dtype=torch.float64).flatten())
     return pearson(_ranks(a), _ranks(b))
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval for a proportion (95 % by default); (nan, nan) for n = 0.
+
+    ``successes`` may be a count or a rate times n (rounded to the nearest count).
+    """
+    if n <= 0:
+        return float("nan"), float("nan")
+    k = min(max(round(successes), 0), n)
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

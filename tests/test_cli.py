@@ -90,5 +90,87 @@ def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help(
 
     cfg = site_config_from_args(args)
     assert (cfg.selection.steps, cfg.selection.keep_best, cfg.selection.backend, cfg.embedding.n_shots) == (7, False, "hooked", 3)
-    assert cfg.eval.max_test == 100  # bench's own default; run's is every test item
-    assert site_config_from_args(parser.parse_args(["run", "--task", "x"])).eval.max_test is None
+    assert cfg.eval.max_test == 100  # one default for every subcommand
+    assert site_config_from_args(parser.parse_args(["run", "--task", "x"])).eval.max_test == 100
+    assert site_config_from_args(parser.parse_args(["run", "--task", "x", "--max-test", "all"])).eval.max_test is None
+    assert parser.parse_args(["analyse", "--runs", "r"]).max_test == 100
+
+
+def test_version_and_verbose_after_the_subcommand(capsys):
+    from site_lens import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"site-lens {__version__}"
+    from site_lens.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["tasks", "-v"]).verbose is True
+    assert parser.parse_args(["-v", "tasks"]).verbose is True  # not reset by the subcommand's default
+    assert parser.parse_args(["tasks"]).verbose is False
+
+
+def test_every_option_has_help_and_every_subcommand_examples():
+    from site_lens.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for name, p in sub.items():
+        assert p.epilog and "examples:" in p.epilog and f"site-lens {name}" in p.epilog, name
+        for a in p._actions:
+            assert a.help, (name, a.dest)
+
+
+def test_multi_value_flags_take_comma_lists():
+    from site_lens.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--tasks", "antonym, uppercase"]).tasks == ["antonym", "uppercase"]
+    assert parser.parse_args(["bench", "--seeds", "3,1,3"]).seeds == [3, 1]
+    assert parser.parse_args(["figures", "--bench", "a,b"]).bench == ["a", "b"]
+
+
+def test_tasks_lists_json_list_tasks_under_data(tmp_path, capsys):
+    (tmp_path / "folder_task").mkdir()
+    for split in ("train", "valid", "test"):
+        (tmp_path / "folder_task" / f"{split}.json").write_text('[{"input": "a", "output": "b"}]')
+    (tmp_path / "list_task.json").write_text(json.dumps([{"input": str(i), "output": str(i)} for i in range(10)]))
+    assert main(["tasks", "--data", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "folder_task" in out and "list_task" in out
+
+
+def test_run_then_predict_with_the_saved_adapter(tmp_path, monkeypatch, capsys):
+    """`run` writes an adapter; `predict --adapter` applies it to lines from a file and from stdin."""
+    import io
+
+    from helpers import tiny
+
+    import site_lens.models
+
+    model = tiny()
+    monkeypatch.setattr(site_lens.models, "load_model", lambda *a, **k: model)
+    task = tmp_path / "t.json"
+    task.write_text(json.dumps([{"input": c, "output": c.upper()} for c in "abcdefghijklmnop"]))
+    out = tmp_path / "run"
+    argv = ["run", "--task", str(task), "--steps", "3", "--prompts", "2", "--shots", "2", "--max-test", "3", "--out", str(out)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "SITE" in table and "[" in table  # scores with their interval
+    res = json.loads((out / "results.json").read_text())
+    assert res["n_test"] == 3 and res["site"]["n"] == 3
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("a\n\nb\n")
+    assert main(["predict", "--adapter", str(out / "adapter"), "--input", str(inputs), "--max-new-tokens", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2  # the blank line is skipped
+    from site_lens import load_adapter, predict
+    from site_lens.config import EvalConfig
+    from site_lens.tasks import format_query
+
+    gens, _ = predict(model, [format_query("a"), format_query("b")], load_adapter(out / "adapter"), EvalConfig(max_new_tokens=2))
+    assert lines == [g.strip().split("\n")[0].strip() for g in gens]
+    monkeypatch.setattr("sys.stdin", io.StringIO("a\n"))
+    dest = tmp_path / "gen.txt"
+    assert main(["predict", "--adapter", str(out / "adapter"), "--max-new-tokens", "2", "--out", str(dest)]) == 0
+    assert dest.read_text().splitlines() == lines[:1]

@@ -73,7 +73,10 @@ USAGE_ERRORS = [
     ["run", "--task", "antonym", "--seed", "1.5"],
     ["run", "--task", "antonym", "--lr", "fast"],
     ["run", "--task", "antonym", "--shots", ""],
-    ["run", "--task", "antonym", "--max-test", "all"],
+    ["run", "--task", "antonym", "--max-test", "some"],
+    ["bench", "--seeds", "0,x"],
+    ["bench", "--seeds", ","],
+    ["analyse", "--runs", "r", "--max-test", "0"],
     ["run", "--task", "antonym", "--tasks", "antonym"],  # demo's option on run
     ["run", "--task", "antonym", "--figures", "f"],
     ["run", "--task", "antonym", "extra-positional"],
@@ -101,7 +104,10 @@ def _blocker(tmp_path: Path) -> Path:
 
 
 BAD_VALUES = [
-    (["bench", "--seeds", "0"], "--seeds must be >= 1"),
+    (["figures"], "nothing to draw"),
+    (["figures", "--bench", "/no/such/bench"], "no rows.csv"),
+    (["analyse", "--runs", "/no/such/runs"], "no run folders"),
+    (["predict", "--adapter", "/no/such/adapter"], "adapter folder not found"),
     (["run", "--task", "antonym", "--shots", "0"], "n_shots must be >= 1"),
     (["run", "--task", "antonym", "--prompts", "0"], "n_prompts must be >= 1"),
     (["run", "--task", "antonym", "--lr", "inf"], "finite number > 0"),
@@ -116,7 +122,7 @@ BAD_VALUES = [
     (["run", "--task", "antonym", "--out", "{blocker}"], "not writable"),
     (["demo", "--out", "{blocker}"], "not writable"),
     (["demo", "--figures", "{blocker}"], "not writable"),
-    (["demo", "--tasks", "antonym", "no-such-task"], "unknown task 'no-such-task'"),
+    (["demo", "--tasks", "antonym,no-such-task"], "unknown task 'no-such-task'"),
     (["demo", "--shots", "500"], "501 are needed"),
     (["demo", "--steps", "-3"], "steps must be >= 0"),
     (["tasks", "--data", "/no/such/folder"], "data folder not found"),
