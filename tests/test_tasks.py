@@ -122,3 +122,17 @@ def test_fv_folder_loads(fv_dir):
     assert len(t.train) > 1000 and len(t.valid) > 100 and len(t.test) > 300
     assert load_task("capitalize", data_dir=fv_dir).case_sensitive
     assert not load_task("country-capital", data_dir=fv_dir).case_sensitive
+
+
+def test_generated_builtin_tasks_match_their_generator():
+    """uppercase, first-letter and next-number are exactly what scripts/make_builtin_tasks.py writes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "scripts/make_builtin_tasks.py", "--check"], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for name in ("uppercase", "first-letter", "next-number"):
+        task = load_task(name)
+        assert len(task.test) == 101 and len({x for x, _ in task.train + task.valid + task.test}) == 480

@@ -1,0 +1,86 @@
+"""The code in README.md, docs/ and BENCHMARKS.md runs as written.
+
+Python blocks are executed (in a temporary folder); a block whose first line says it
+needs the Hugging Face hub is only compiled. Shell blocks are checked without running
+the heavy commands: every ``site-lens ...`` command must parse with the real argument
+parser, every ``make`` target must exist, every script named must exist.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+
+
+def blocks(lang: str) -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        for i, m in enumerate(FENCE.finditer(doc.read_text())):
+            if (m.group(1) or "bash") == lang:
+                out.append((f"{doc.relative_to(ROOT)}#{i}", m.group(2)))
+    return out
+
+
+PY = blocks("python")
+SHELL = blocks("bash")
+
+
+def test_docs_have_code():
+    assert len(PY) >= 3 and len(SHELL) >= 5
+
+
+def _slow(code: str) -> bool:
+    return "load_model(" in code
+
+
+@pytest.mark.parametrize(
+    "code",
+    [pytest.param(c, id=i, marks=[pytest.mark.slow] if _slow(c) else []) for i, c in PY],
+)
+def test_python_blocks_run(code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if "needs the Hugging Face hub" in code.splitlines()[0]:
+        compile(code, "<doc>", "exec")
+        return
+    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_block__"})
+
+
+def _logical_lines(text: str) -> list[str]:
+    return [line for line in text.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _commands(line: str, word: str) -> list[list[str]]:
+    """Each ``word ...`` command in a shell line, up to a pipe, ';', '&&' or a comment."""
+    out = []
+    for m in re.finditer(rf"(?:^|[\s/]){re.escape(word)}\s(.*)", line):
+        segment = re.split(r"\s+#|\||;|&&", m.group(1))[0]
+        segment = segment.replace("[", "").replace("]", "")  # optional parts: check them too
+        out.append(shlex.split(segment))
+    return out
+
+
+@pytest.mark.parametrize("block", [b for _, b in SHELL], ids=[i for i, _ in SHELL])
+def test_shell_blocks_parse(block):
+    from site_lens.cli import build_parser
+
+    parser = build_parser()
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    for line in _logical_lines(block):
+        for argv in _commands(line, "site-lens"):
+            if argv in (["--help"], ["--version"]):
+                continue
+            try:
+                parser.parse_args(argv)
+            except SystemExit as e:
+                raise AssertionError(f"does not parse: site-lens {' '.join(argv)}") from e
+        for argv in _commands(line, "make"):
+            assert argv[0] in targets, f"no make target {argv[0]}"
+        for script in re.findall(r"(?:benchmarks|scripts)/[\w./-]+\.py", line):
+            assert (ROOT / script).is_file(), script
