@@ -40,10 +40,10 @@ demo: venv chromium
 	HF_HUB_OFFLINE=1 $(PY) -m site_lens demo --out runs/demo
 
 lint: venv
-	$(PY) -m ruff check site_lens tests benchmarks
+	$(PY) -m ruff check site_lens tests benchmarks scripts notebooks/solutions
 
 format: venv
-	$(PY) -m ruff format site_lens tests benchmarks
+	$(PY) -m ruff format site_lens tests benchmarks scripts notebooks/solutions
 
 bench: venv
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_speed.py
