@@ -9,6 +9,8 @@ recursively. ``analyse_runs`` (needs the model) adds to each folder
 and ``transfer.csv`` at the root (task B's t with task A's alpha).
 ``write_figures`` plots whatever is there (no model needed) and
 ``summarise`` returns the headline numbers as DataFrames.
+``write_benchmark_figures`` plots ``site-lens bench`` folders (rows.csv,
+bench.json): every method's score per task, per model.
 """
 
 from __future__ import annotations
@@ -171,17 +173,34 @@ def summarise(
     return out
 
 
-def write_figures(runs: Sequence[Run], out: str | Path, transfer: pd.DataFrame | None = None) -> list[Path]:
-    """Every figure the runs support, as HTML (+ PNG when static export works); returns the files written."""
-    from .overlap import cluster_order, jaccard_matrix, pearson_matrix
+def _categories(runs: Sequence[Run]) -> dict[str, str]:
+    from .tasks import category
+
+    return {r.name: r.results.get("category") or category(r.name) for r in runs}
+
+
+def write_figures(
+    runs: Sequence[Run], out: str | Path, transfer: pd.DataFrame | None = None, jaccard_k: int = 20
+) -> list[Path]:
+    """Every figure the runs support, as HTML (+ PNG when static export works); returns the files written.
+
+    Per run: alpha_TASK, training_TASK, patching_TASK, alpha_cie_TASK. Across runs:
+    alpha_histogram (one panel per task), patching_all (mean and spread over tasks),
+    overlap_pearson, overlap_spearman, overlap_jaccard and transfer (tasks grouped by
+    category, one order for all four).
+    """
+    from .overlap import jaccard_matrix, pearson_matrix, spearman_matrix
     from .plots import (
         alpha_cie_scatter,
         alpha_heatmap,
         alpha_histogram,
+        grouped_order,
+        jaccard_chance,
         overlap_heatmap,
         patching_curves,
         save_figure,
         training_curve,
+        transfer_heatmap,
     )
 
     out = Path(out)
@@ -189,44 +208,90 @@ def write_figures(runs: Sequence[Run], out: str | Path, transfer: pd.DataFrame |
     for r in runs:
         model = r.results.get("model", "")
         written += save_figure(
-            alpha_heatmap(r.adapter.alpha, title=f"SITE alpha, {model}, {r.name}"), out / f"alpha_{r.name}"
+            alpha_heatmap(r.adapter.alpha, title=f"{r.name}: SITE alpha" + (f" ({model})" if model else "")),
+            out / f"alpha_{r.name}",
         )
         if r.results.get("history"):
             written += save_figure(
-                training_curve(r.results["history"], title=f"alpha training, {r.name}"), out / f"training_{r.name}"
+                training_curve(r.results["history"], title=f"{r.name}: training alpha"), out / f"training_{r.name}"
             )
         if r.patching is not None:
             written += save_figure(
-                patching_curves(r.patching, title=f"patching t into k heads, {r.name}"), out / f"patching_{r.name}"
+                patching_curves(_with_task(r.patching, r.name), title=f"{r.name}: patching t into k heads"),
+                out / f"patching_{r.name}",
             )
         if r.cie is not None:
             written += save_figure(
-                alpha_cie_scatter(r.adapter.alpha, r.cie, title=f"alpha vs CIE, {r.name}"), out / f"alpha_cie_{r.name}"
+                alpha_cie_scatter(r.adapter.alpha, r.cie, title=f"{r.name}: alpha vs FV's CIE"),
+                out / f"alpha_cie_{r.name}",
             )
     if not runs:
         return written
+    categories = _categories(runs)
     alphas = {r.name: r.adapter.alpha for r in runs}
-    written += save_figure(alpha_histogram(alphas, title="alpha over heads, all tasks"), out / "alpha_histogram")
-    frames = [r.patching for r in runs if r.patching is not None]
+    order = sorted(alphas, key=lambda n: (categories[n] != "abstractive", categories[n], n))
+    written += save_figure(
+        alpha_histogram({n: alphas[n] for n in order}, title="alpha over heads, per task", categories=categories),
+        out / "alpha_histogram",
+    )
+    frames = [_with_task(r.patching, r.name) for r in runs if r.patching is not None]
     if len(frames) > 1:
         fig = patching_curves(
-            pd.concat(frames, ignore_index=True), title=f"patching t into k heads, mean of {len(frames)} tasks"
+            pd.concat(frames, ignore_index=True), title=f"patching t into k heads, {len(frames)} tasks"
         )
         written += save_figure(fig, out / "patching_all")
     if len(alphas) > 1:
         pm = pearson_matrix(alphas)
-        written += save_figure(
-            overlap_heatmap(pm, cluster_order(pm), "alpha Pearson correlation (clustered)"), out / "overlap_pearson"
-        )
-        jm = jaccard_matrix(alphas, 20)
-        written += save_figure(
-            overlap_heatmap(jm, cluster_order(jm), "top-20 head Jaccard overlap (clustered)", diverging=False),
-            out / "overlap_jaccard",
-        )
-    if transfer is not None:
+        order = grouped_order(pm, categories)
+        for name, m, label in (
+            ("pearson", pm, "Pearson r of alpha over heads"),
+            ("spearman", spearman_matrix(alphas), "Spearman ρ of alpha over heads"),
+        ):
+            fig = overlap_heatmap(m, order, f"alpha {name.capitalize()} correlation", True, categories, label)
+            written += save_figure(fig, out / f"overlap_{name}")
+        n_heads = int(next(iter(alphas.values())).numel())
+        k = min(jaccard_k, n_heads)
         fig = overlap_heatmap(
-            transfer, title="transfer: accuracy on column task with row task's alpha", diverging=False
-        )
-        fig.update_layout(xaxis_title="task (its t)", yaxis_title="alpha from")
+            jaccard_matrix(alphas, k), order, f"overlap of the top-{k} heads", False, categories,
+            f"Jaccard overlap of top-{k} heads", chance=jaccard_chance(k, n_heads),
+        )  # fmt: skip
+        written += save_figure(fig, out / "overlap_jaccard")
+    if transfer is not None:
+        names = [n for n in order if n in transfer.index and n in transfer.columns]
+        names += [n for n in transfer.columns if n not in names and n in transfer.index]
+        fig = transfer_heatmap(transfer, names, categories, title="one task's alpha with another's t")
         written += save_figure(fig, out / "transfer")
+    return written
+
+
+def _with_task(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    return df if "task" in df else df.assign(task=name)
+
+
+# ---------------------------------------------------------------- benchmark figures
+
+BENCH_ROWS = "rows.csv"  # written by bench.py
+BENCH_META = "bench.json"  # bench.SPEC_FILE
+
+
+def read_benchmark(bench_dirs: Sequence[str | Path]) -> pd.DataFrame:
+    """Every folder's rows.csv with a ``model`` column (bench.json's "model", else the folder name)."""
+    frames = []
+    for d in map(Path, bench_dirs):
+        meta = d / BENCH_META
+        model = json.loads(meta.read_text()).get("model") if meta.is_file() else None
+        frames.append(pd.read_csv(d / BENCH_ROWS).assign(model=model or d.name))
+    return pd.concat(frames, ignore_index=True)
+
+
+def write_benchmark_figures(
+    bench_dirs: Sequence[str | Path], out: str | Path, metric: str = "exact_match"
+) -> list[Path]:
+    """benchmark_METRIC (all tasks) and benchmark_METRIC_by_category from ``bench`` folders; returns the files."""
+    from .plots import benchmark_figure, save_figure
+
+    rows = read_benchmark(bench_dirs)
+    out = Path(out)
+    written = save_figure(benchmark_figure(rows, metric), out / f"benchmark_{metric}")
+    written += save_figure(benchmark_figure(rows, metric, by_category=True), out / f"benchmark_{metric}_by_category")
     return written
