@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def blocks(lang: str) -> list[tuple[str, str]]:
@@ -49,7 +49,7 @@ def test_python_blocks_run(code, tmp_path, monkeypatch):
     if "needs the Hugging Face hub" in code.splitlines()[0]:
         compile(code, "<doc>", "exec")
         return
-    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_block__"})
+    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_block__"})  # noqa: S102 (the documented code is the test)
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -71,7 +71,7 @@ def test_shell_blocks_parse(block):
     from site_lens.cli import build_parser
 
     parser = build_parser()
-    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
     for line in _logical_lines(block):
         for argv in _commands(line, "site-lens"):
             if argv in (["--help"], ["--version"]):

@@ -4,6 +4,7 @@ import random
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 import torch
 
@@ -94,7 +95,7 @@ def _axis_titles(fig: go.Figure) -> list[str]:
 
 def test_every_figure_uses_the_house_template_and_worded_titles():
     for fig in _all_figures():
-        assert fig.layout.template.layout.font.family == plots.pio.templates[plots.THEME].layout.font.family
+        assert fig.layout.template.layout.font.family == pio.templates[plots.THEME].layout.font.family
         assert fig.layout.template.layout.plot_bgcolor == "white"
         titles = _axis_titles(fig)
         assert titles and all("_" not in t for t in titles), titles

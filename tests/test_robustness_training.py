@@ -148,7 +148,7 @@ def test_same_seed_gives_bit_identical_pipeline_on_cpu(model):
 
 
 def test_other_seed_is_recorded_and_changes_the_run(model, tmp_path):
-    from site_lens.cli import run_one
+    from site_lens.commands import run_one
 
     results = {}
     for seed in (0, 1):

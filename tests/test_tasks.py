@@ -131,7 +131,7 @@ def test_generated_builtin_tasks_match_their_generator():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "scripts/make_builtin_tasks.py", "--check"], cwd=root, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "scripts/make_builtin_tasks.py", "--check"], check=False, cwd=root, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     for name in ("uppercase", "first-letter", "next-number"):
         task = load_task(name)

@@ -1,0 +1,333 @@
+"""The subcommands' work: each ``cmd_*`` takes the parsed arguments and returns an exit status.
+
+User errors are raised as the package's one-line error types; ``cli.main`` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def check_writable(out: Path) -> None:
+    """Fail before any work if the output folder cannot be written."""
+    from .tasks import TaskError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise TaskError(f"output folder {out} is not writable ({e.strerror or e})") from None
+
+
+def _progress_bar(total: int, desc: str) -> tuple[Callable[[int, float], None], Callable[[], None]]:
+    """A training bar that appears at the first step, so one-time setup is not counted as steps."""
+    from tqdm.auto import tqdm
+
+    state: dict[str, Any] = {}
+    disable = not sys.stderr.isatty() and "CI" in os.environ
+
+    def update(step: int, loss: float) -> None:
+        if "bar" not in state:  # created at step 1: the rate and the time left count steps only
+            state["bar"] = tqdm(total=total, initial=1, desc=desc, leave=False, file=sys.stderr, disable=disable)
+            return
+        state["bar"].update(1)
+        if step % 10 == 0:
+            state["bar"].set_postfix(loss=f"{loss:.3f}")
+
+    def close() -> None:
+        if "bar" in state:
+            state["bar"].close()
+
+    return update, close
+
+
+METHOD_LABELS = {"zero_shot": "zero-shot", "icl": "ICL", "site": "SITE"}
+
+
+def _cell(rate: float, n: int) -> str:
+    from .stats import wilson_interval
+
+    lo, hi = wilson_interval(rate * n, n)
+    return f"{rate:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """Scores with n and a 95 % Wilson interval each, and the cost per query."""
+    head = f"{'task':<16} {'method':<9} {'n':>4}  {'first token':<17} {'exact match':<17} {'strict match':<17} {'ms/query':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        n = int(r["n"])
+        lines.append(
+            f"{r['task']:<16} {METHOD_LABELS.get(r['method'], r['method']):<9} {n:>4}  "
+            f"{_cell(r['first_token_acc'], n):<17} {_cell(r['exact_match'], n):<17} {_cell(r['strict_match'], n):<17} "
+            f"{r['ms_per_query']:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _check_backend(model, cfg) -> None:
+    """A backend asked for that the model cannot run fails now, not after stage 1."""
+    from .backend import backend_for
+
+    if cfg.selection.fast and cfg.selection.backend != "auto":
+        backend_for(model, cfg.selection.backend)
+
+
+def _check_task(task, cfg) -> None:
+    from .tasks import check_enough
+
+    check_enough(
+        task.train,
+        cfg.embedding.n_shots + 1,
+        f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)",
+    )
+
+
+def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
+    """Stages 1-3 and the baselines on one task; then write OUT/adapter/ and OUT/results.json."""
+    from .io import save_adapter, write_json_atomic
+    from .pipeline import run_task
+
+    _check_backend(model, cfg)
+    print(
+        f"{task.name}: scoring zero-shot and ICL, building the task embedding (setup), then training alpha",
+        file=sys.stderr,
+        flush=True,
+    )
+    update, close = _progress_bar(cfg.selection.steps, f"{task.name}: training alpha")
+    try:
+        results, adapter = run_task(model, task, cfg, progress=update)
+    finally:
+        close()
+    if load_s is not None:
+        results["seconds"]["model_load"] = load_s
+    # written only once everything succeeded; each write is atomic
+    if adapter is not None:
+        save_adapter(adapter, out / "adapter")
+    write_json_atomic(out / "results.json", results)
+    return results
+
+
+def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"task": res["task"], "method": m, **res[m]} for m in ("zero_shot", "icl", "site") if m in res]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .config import site_config_from_args
+    from .models import load_model, resolve_model_name
+    from .tasks import load_task
+
+    cfg = site_config_from_args(args)
+    task = load_task(args.task, data_dir=args.data)  # bad task input fails before the model loads
+    _check_task(task, cfg)
+    resolve_model_name(args.model)  # an unknown model fails before anything is written
+    out = Path(args.out) if args.out else Path("runs") / args.model / task.name
+    check_writable(out)
+    t0 = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    res = run_one(model, task, cfg, out, time.perf_counter() - t0)
+    print(_table(_rows(res)))
+    print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["seconds"].items()))
+    print(f"wrote {out / 'results.json'} and {out / 'adapter'}/")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """SITE, zero-shot and ICL on built-in tasks: the table with intervals, alpha heatmaps and training curves."""
+    from .config import site_config_from_args
+    from .models import load_model
+    from .tasks import load_task
+
+    cfg = site_config_from_args(args)
+    tasks = [load_task(name) for name in args.tasks]  # bad input fails before any work
+    for task in tasks:
+        _check_task(task, cfg)
+    out = Path(args.out)
+    fig_dir = Path(args.figures) if args.figures else out / "figures"
+    check_writable(out)
+    check_writable(fig_dir)
+    t0 = time.perf_counter()
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    print(f"loaded {args.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    rows, runs = [], {}
+    for task in tasks:
+        res = run_one(model, task, cfg, out / task.name)
+        rows += _rows(res)
+        runs[task.name] = res
+        print(_table(_rows(res)).split("\n", 2)[-1], flush=True)
+    print()
+    print(_table(rows))
+    print("[lo, hi]: 95 % Wilson interval over the n test items. ms/query: generation cost per test item.")
+    from .io import load_adapter
+    from .plots import alpha_heatmap, save_figure, training_curve
+
+    for name, res in runs.items():
+        alpha = load_adapter(out / name / "adapter").alpha
+        written = save_figure(alpha_heatmap(alpha, title=f"SITE head weights, {name}"), fig_dir / f"alpha_{name}")
+        if res.get("history"):
+            written += save_figure(
+                training_curve(res["history"], title=f"alpha training, {name}"), fig_dir / f"training_{name}"
+            )
+        print("wrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Apply a saved adapter to new inputs, one per line, and print or write one generation per input."""
+    from .config import EvalConfig
+    from .io import load_adapter, write_text_atomic
+    from .models import load_model, model_identity
+    from .pipeline import predict
+    from .tasks import TaskError, format_query
+
+    adapter = load_adapter(args.adapter)
+    if args.input in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.input).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise TaskError(f"{args.input}: cannot read inputs ({e.__class__.__name__}: {e})") from None
+    inputs = [line.strip() for line in text.splitlines() if line.strip()]
+    if not inputs:
+        raise TaskError(f"no inputs in {args.input or 'standard input'}: give one input per line")
+    if args.out:
+        check_writable(Path(args.out).parent)
+    name = args.model or adapter.model.get("name")
+    model = load_model(name, device=args.device, dtype=args.dtype)
+    adapter.check_model(model_identity(model))
+    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)
+    gens, _ = predict(model, [format_query(x) for x in inputs], None if args.zero_shot else adapter, cfg)
+    lines = [g.strip().split("\n")[0].strip() for g in gens]
+    if args.out:
+        write_text_atomic(args.out, "".join(f"{line}\n" for line in lines))
+        print(f"wrote {len(lines)} generations to {args.out}", file=sys.stderr)
+    else:
+        for x, y in zip(inputs, lines):
+            print(f"{x}\t{y}" if args.with_input else y)
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from .bench import available_tasks
+    from .tasks import category, load_task
+
+    for n in available_tasks(args.data):
+        t = load_task(n, data_dir=args.data)
+        print(
+            f"{n:<28} train {len(t.train):>5}  valid {len(t.valid):>4}  test {len(t.test):>5}  "
+            f"case-sensitive {'yes' if t.case_sensitive else 'no ':<3}  {category(t)}"
+        )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Every (task, method, seed) row, resumable; then OUT/summary.{csv,md}."""
+    from . import bench
+    from .config import site_config_from_args
+    from .methods import METHODS
+    from .models import load_model
+
+    cfg = site_config_from_args(args)  # a bad config value fails before the model loads
+    methods = bench.resolve(args.methods, list(METHODS), "method")
+    tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), args.shard)
+    seeds = args.seeds or [cfg.seed]
+    out = Path(args.out) if args.out else Path("results") / args.model
+    check_writable(out)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices)
+
+    def report(r: dict[str, Any]) -> None:
+        print(
+            f"{r['task']:<26} {r['method']:<10} first-tok {r['first_token_acc']:.3f} exact {r['exact_match']:.3f} "
+            f"n {r['n_test']:>4} params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q",
+            flush=True,
+        )
+
+    if "site" in methods:
+        _check_backend(model, cfg)
+    bench.run_bench(model, tasks, methods, seeds, out, args.data, cfg=cfg, report=report)
+    print((out / "summary.md").read_text())
+    print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'rows.csv'}")
+    return 0
+
+
+def cmd_bench_merge(args: argparse.Namespace) -> int:
+    """Summarise the rows of several bench output folders (e.g. shards) into one."""
+    from . import bench
+
+    out = Path(args.out or args.dirs[0])
+    check_writable(out)
+    bench.merge([Path(d) for d in args.dirs], out)
+    print((out / "summary.md").read_text())
+    return 0
+
+
+def _find_runs(root: str):
+    from .report import find_runs
+    from .tasks import TaskError
+
+    runs = find_runs(root)
+    if not runs:
+        raise TaskError(f"no run folders (results.json + adapter/) under {root}")
+    return runs
+
+
+def cmd_analyse(args: argparse.Namespace) -> int:
+    """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""
+    from .models import load_model
+    from .report import analyse_runs
+
+    runs = _find_runs(args.runs)
+    for r in runs:
+        check_writable(r.path)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    max_items = args.max_test if args.max_test is not None else 10**9
+    analyse_runs(
+        model, runs, args.data, max_items=max_items, cie_prompts=args.cie_prompts, draws=args.draws, redo=args.redo
+    )
+    print(f"analysed {len(runs)} runs under {args.runs}; draw them with: site-lens figures --runs {args.runs}")
+    return 0
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    """Figures (HTML + PNG) and tables from run folders and bench folders; no model is loaded."""
+    import pandas as pd
+
+    from .report import TRANSFER_FILE, summarise, write_benchmark_figures, write_figures
+    from .tasks import TaskError
+
+    if not args.runs and not args.bench:
+        raise TaskError("nothing to draw: give --runs DIR (run folders) and/or --bench DIR[,DIR] (bench folders)")
+    out = Path(args.out)
+    check_writable(out)
+    written: list[Path] = []
+    if args.runs:
+        runs = _find_runs(args.runs)
+        transfer_path = Path(args.runs) / TRANSFER_FILE
+        transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
+        written += write_figures(runs, out, transfer)
+        for name, df in summarise(runs).items():
+            print(f"\n[{name}]")
+            print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+            if args.tables:
+                Path(args.tables).mkdir(parents=True, exist_ok=True)
+                df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
+    if args.bench:
+        dirs = [Path(d) for d in args.bench]
+        missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
+        if missing:
+            raise TaskError(f"no rows.csv in bench folder(s) {', '.join(missing)}")
+        written += write_benchmark_figures(dirs, out)
+    print(f"\nwrote {len(written)} files under {out}/:")
+    for w in written:
+        print(f"  {w}")
+    return 0
