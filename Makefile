@@ -29,7 +29,8 @@ chromium:
 	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing chromium for PNG export (apt-get)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "make chromium: apt-get could not install chromium; figures will be HTML only."; \
 	else echo "make chromium: no Chromium found and none can be installed here (needs root and apt-get);" \
 	  "figures will be HTML only. Install chromium or google-chrome for PNG export."; fi
 

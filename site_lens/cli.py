@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="file of inputs, one per line; '-' or omitted: standard input (blank lines skipped)",
     )
     p.add_argument("--out", default=None, help="write the generations to this file instead of printing them")
-    p.add_argument("--with-input", action="store_true", help="print 'input<TAB>generation' lines")
+    p.add_argument("--with-input", action="store_true", help="print (or write) 'input<TAB>generation' lines")
     p.add_argument("--zero-shot", action="store_true", help="generate without the adapter (for comparison)")
     p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per input (default 20)")
     p.add_argument("--batch-size", type=int, default=64, help="inputs per generation batch (default 64)")

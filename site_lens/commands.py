@@ -148,7 +148,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .tasks import load_task
 
     cfg = site_config_from_args(args)
-    tasks = [load_task(name) for name in args.tasks]  # bad input fails before any work
+    if not args.tasks:
+        from .tasks import TaskError
+
+        raise TaskError("--tasks is empty: give a comma list of task names")
+    tasks = [load_task(name, data_dir=args.data) for name in args.tasks]  # bad input fails before any work
     for task in tasks:
         _check_task(task, cfg)
     out = Path(args.out)
@@ -189,9 +193,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .pipeline import predict
     from .tasks import TaskError, format_query
 
+    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)  # bad values fail now
     adapter = load_adapter(args.adapter)
+    if args.out and Path(args.out).is_dir():
+        raise TaskError(f"--out {args.out} is a folder; give a file name")
     if args.input in (None, "-"):
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise TaskError(f"standard input is not UTF-8 text ({e})") from None
     else:
         try:
             text = Path(args.input).read_text()
@@ -205,15 +215,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     name = args.model or adapter.model.get("name")
     model = load_model(name, device=args.device, dtype=args.dtype)
     adapter.check_model(model_identity(model))
-    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)
     gens, _ = predict(model, [format_query(x) for x in inputs], None if args.zero_shot else adapter, cfg)
     lines = [g.strip().split("\n")[0].strip() for g in gens]
+    if args.with_input:
+        lines = [f"{x}\t{y}" for x, y in zip(inputs, lines)]
     if args.out:
         write_text_atomic(args.out, "".join(f"{line}\n" for line in lines))
         print(f"wrote {len(lines)} generations to {args.out}", file=sys.stderr)
     else:
-        for x, y in zip(inputs, lines):
-            print(f"{x}\t{y}" if args.with_input else y)
+        print("\n".join(lines))
     return 0
 
 
@@ -307,12 +317,19 @@ def cmd_figures(args: argparse.Namespace) -> int:
 
     if not args.runs and not args.bench:
         raise TaskError("nothing to draw: give --runs DIR (run folders) and/or --bench DIR[,DIR] (bench folders)")
+    dirs = [Path(d) for d in args.bench or []]
+    missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
+    if missing:
+        raise TaskError(f"no rows.csv in bench folder(s) {', '.join(missing)}")
+    runs = _find_runs(args.runs) if args.runs else []
     out = Path(args.out)
     check_writable(out)
     written: list[Path] = []
     if args.runs:
-        runs = _find_runs(args.runs)
-        transfer_path = Path(args.runs) / TRANSFER_FILE
+        from .report import _common_root
+
+        here = [Path(args.runs) / TRANSFER_FILE, _common_root([r.path for r in runs]) / TRANSFER_FILE]
+        transfer_path = next((p for p in here if p.is_file()), here[0])  # analyse writes it next to the runs
         transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
         written += write_figures(runs, out, transfer)
         for name, df in summarise(runs).items():
@@ -321,11 +338,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
             if args.tables:
                 Path(args.tables).mkdir(parents=True, exist_ok=True)
                 df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
-    if args.bench:
-        dirs = [Path(d) for d in args.bench]
-        missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
-        if missing:
-            raise TaskError(f"no rows.csv in bench folder(s) {', '.join(missing)}")
+    if dirs:
         written += write_benchmark_figures(dirs, out)
     print(f"\nwrote {len(written)} files under {out}/:")
     for w in written:

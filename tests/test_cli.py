@@ -170,6 +170,8 @@ def test_run_then_predict_with_the_saved_adapter(tmp_path, monkeypatch, capsys):
 
     gens, _ = predict(model, [format_query("a"), format_query("b")], load_adapter(out / "adapter"), EvalConfig(max_new_tokens=2))
     assert lines == [g.strip().split("\n")[0].strip() for g in gens]
+    assert main(["predict", "--adapter", str(out / "adapter"), "--input", str(inputs), "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
     monkeypatch.setattr("sys.stdin", io.StringIO("a\n"))
     dest = tmp_path / "gen.txt"
     assert main(["predict", "--adapter", str(out / "adapter"), "--max-new-tokens", "2", "--out", str(dest)]) == 0

@@ -193,3 +193,24 @@ def test_write_benchmark_figures(tmp_path, monkeypatch):
     assert list(fig.layout.xaxis.ticktext) == ["zero-shot", "10-shot ICL", "SITE", "FV", "(IA)<sup>3</sup>"]
     panels = [a.text for a in figures["benchmark_exact_match_by_category"].layout.annotations]
     assert panels == ["abstractive (2 tasks)", "extractive (1 task)"]
+
+
+def test_figures_finds_the_transfer_table_analyse_wrote_next_to_the_runs(tmp_path, model, capsys):
+    """analyse writes transfer.csv into the runs' common folder (here runs/sub), not necessarily --runs itself."""
+    _fake_runs(tmp_path / "runs", model)
+    names = ["antonym", "uppercase"]
+    pd.DataFrame([[0.5, 0.2], [0.1, 0.4]], index=pd.Index(names, name="alpha_from"), columns=names).to_csv(
+        tmp_path / "runs" / "sub" / TRANSFER_FILE
+    )
+    out = tmp_path / "figs"
+    assert main(["figures", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert (out / "transfer.html").is_file()
+
+
+def test_figures_checks_bench_folders_before_drawing(tmp_path, model, capsys):
+    _fake_runs(tmp_path / "runs", model)
+    out = tmp_path / "figs"
+    argv = ["figures", "--runs", str(tmp_path / "runs"), "--bench", str(tmp_path / "typo"), "--out", str(out)]
+    assert main(argv) == 2
+    assert "no rows.csv" in capsys.readouterr().err
+    assert not out.exists()  # nothing drawn half-way

@@ -105,6 +105,9 @@ def _blocker(tmp_path: Path) -> Path:
 
 BAD_VALUES = [
     (["figures"], "nothing to draw"),
+    (["demo", "--tasks", ","], "--tasks is empty"),
+    (["demo", "--tasks", "antonym", "--data", "."], "unknown task 'antonym' in"),
+    (["predict", "--adapter", "/no/such/adapter", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["figures", "--bench", "/no/such/bench"], "no rows.csv"),
     (["analyse", "--runs", "/no/such/runs"], "no run folders"),
     (["predict", "--adapter", "/no/such/adapter"], "adapter folder not found"),
