@@ -59,15 +59,12 @@ def seed_list(text: str) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
-def int_or_all(text: str) -> int | None:
+def positive_int_or_all(text: str) -> int | None:
     """A positive integer, or 'all' (None)."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got '{text}'") from None
-    if value < 1:
+    from .config import int_or_all
+
+    value = int_or_all(text)
+    if value is not None and value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
     return value
 
@@ -212,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_arg(p)
     p.add_argument(
         "--max-test",
-        type=int_or_all,
+        type=positive_int_or_all,
         default=100,
         metavar="N|all",
         help="test items for patching and transfer (default: 100)",

@@ -132,12 +132,21 @@ def field_help(cls: type) -> dict[str, str]:
     return out
 
 
+def int_or_all(text: str) -> int | None:
+    """An integer, or 'all' (None): the value of an optional count such as ``--max-test``."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'all', got '{text}'") from None
+
+
 def _parse(kind: str):
-    def parse(text: str):  # an optional int field (max_test) takes 'all' for None
-        base = kind.split("|")[0].strip()
-        if "None" in kind and text.strip().lower() == "all":
-            return None
-        return {"int": int, "float": float, "str": str}[base](text)
+    def parse(text: str):
+        if kind == "int | None":  # an optional count (max_test): 'all' for None
+            return int_or_all(text)
+        return {"int": int, "float": float, "str": str}[kind.split("|")[0].strip()](text)
 
     parse.__name__ = kind.split("|")[0].strip()  # argparse names the type in its errors
     return parse

@@ -93,6 +93,19 @@ def _mine(fn: Callable, *args: Any, model=None, **kwargs: Any) -> Any:
     return out
 
 
+def _same_gradient(
+    got: Tensor, want: Tensor, mine: Tensor, ref: Tensor, what: str, wrt: str, atol: float, rtol: float
+) -> None:
+    """Back-propagate the sums of ``got`` and ``want``; raises _Differs unless ``mine.grad`` matches ``ref.grad``."""
+    if not got.requires_grad:
+        raise _Differs(f"{what} has no gradient with respect to {wrt} (a .detach(), .item() or torch.no_grad?)")
+    got.sum().backward()
+    want.sum().backward()
+    if mine.grad is None:
+        raise _Differs(f"no gradient reached {wrt}")
+    _close(f"the gradient with respect to {wrt}", mine.grad, ref.grad, atol=atol, rtol=rtol)
+
+
 def _close(what: str, got: Any, want: Tensor, atol: float, rtol: float = 0.0) -> float:
     """Max |got - want|; raises _Differs naming ``what`` on a type, shape or value mismatch."""
     if isinstance(got, (int, float)) and want.dim() == 0:
@@ -269,14 +282,8 @@ def check_gate_hook(fn: Callable, n_heads: int = 4, d_head: int = 8) -> bool:
         if isinstance(got, Tensor) and got.shape == want.shape and not torch.allclose(got[:, :-1], z[:, :-1]):
             raise _Differs("it changed positions before the last one; SITE edits the last prompt token only")
         err = _close("the gated z", got, want, atol=1e-6, rtol=1e-5)
-        if not got.requires_grad:
-            raise _Differs("the output has no gradient with respect to alpha (a .detach(), .item() or torch.no_grad?)")
-        w = torch.randn(want.shape, generator=g)
-        (got * w).sum().backward()
-        (want * w).sum().backward()
-        if a_mine.grad is None:
-            raise _Differs("no gradient reached alpha")
-        _close("the gradient with respect to alpha", a_mine.grad, a_ref.grad, atol=1e-5, rtol=1e-4)
+        w = torch.randn(want.shape, generator=g)  # a random direction, so every element's gradient counts
+        _same_gradient(got * w, want * w, a_mine, a_ref, "the output", "alpha", atol=1e-5, rtol=1e-4)
         return f"matches site_lens.gate_hook at the last position, value and gradient (max |diff| {err:.1e})"
 
     return _run("gate_hook", body)
@@ -297,15 +304,7 @@ def check_site_loss(
             if isinstance(got, Tensor) and got.numel() == 1:
                 got = got.reshape(())
             err = _close("the loss", got, want, atol=1e-4, rtol=1e-4)
-            if not got.requires_grad:
-                raise _Differs(
-                    "the loss has no gradient with respect to theta (a .detach(), .item() or torch.no_grad?)"
-                )
-            got.backward()
-            want.backward()
-        if th_mine.grad is None:
-            raise _Differs("no gradient reached theta")
-        _close("d loss / d theta", th_mine.grad, th_ref.grad, atol=1e-5, rtol=1e-3)
+            _same_gradient(got, want, th_mine, th_ref, "the loss", "theta", atol=1e-5, rtol=1e-3)
         return f"loss {float(want.detach()):.4f} and its gradient in theta match the package's (max |diff| {err:.1e})"
 
     return _run("site_loss", body)
