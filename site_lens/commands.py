@@ -312,7 +312,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     """Figures (HTML + PNG) and tables from run folders and bench folders; no model is loaded."""
     import pandas as pd
 
-    from .report import TRANSFER_FILE, summarise, write_benchmark_figures, write_figures
+    from .report import summarise, transfer_path, write_benchmark_figures, write_figures
     from .tasks import TaskError
 
     if not args.runs and not args.bench:
@@ -326,11 +326,8 @@ def cmd_figures(args: argparse.Namespace) -> int:
     check_writable(out)
     written: list[Path] = []
     if args.runs:
-        from .report import _common_root
-
-        here = [Path(args.runs) / TRANSFER_FILE, _common_root([r.path for r in runs]) / TRANSFER_FILE]
-        transfer_path = next((p for p in here if p.is_file()), here[0])  # analyse writes it next to the runs
-        transfer = pd.read_csv(transfer_path, index_col=0) if transfer_path.is_file() else None
+        path = transfer_path(runs)
+        transfer = pd.read_csv(path, index_col=0) if path.is_file() else None
         written += write_figures(runs, out, transfer)
         for name, df in summarise(runs).items():
             print(f"\n[{name}]")

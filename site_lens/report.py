@@ -107,9 +107,13 @@ def analyse_runs(
             save_file({"cie": cie.contiguous()}, str(run.path / CIE_FILE))
         log.info("analysed %s", run.name)
     if len(runs) > 1:
-        root = Path(_common_root([r.path for r in runs]))
         tm = transfer_matrix(model, tasks, {r.name: r.adapter for r in runs}, max_items=max_items)
-        tm.to_csv(root / TRANSFER_FILE)
+        tm.to_csv(transfer_path(runs))
+
+
+def transfer_path(runs: Sequence[Run]) -> Path:
+    """Where ``analyse_runs`` writes, and ``site-lens figures`` reads, the runs' transfer table: their common folder."""
+    return _common_root([r.path for r in runs]) / TRANSFER_FILE
 
 
 def _common_root(paths: Sequence[Path]) -> Path:
