@@ -5,19 +5,28 @@ Stages, each in the module of its name:
   selection.AlphaGate / AlphaTrainer stage 2: alpha = sigmoid(theta), trained on zero-shot prompts
   inject.generate_greedy           stage 3: inject once at prefill (gate.injection_hooks), greedy with the KV cache
   methods.fit_site                 stages 1 and 2 on a task; every scored method behind one interface
+Head sets:
+  sparse.fit_sparse / sparse_path  sparse SITE: an L0 (hard-concrete) or L1 price on every open head
+  minimal.score_head_sets          t written into given head sets, scored (exact match, answer probability)
+  sweep.minimal_sets               the minimal-set study of one task: sparse SITE against top-k rankings
+  shared.fit_shared                one alpha trained over several tasks, each with its own t
 """
 
 from ._version import __version__
-from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
 from .embeddings import build_task_embedding
 from .gate import AlphaGate, gate_hook, injection_hooks
 from .inject import generate_greedy
 from .io import Adapter, load_adapter, save_adapter
 from .methods import SiteFit, fit_site
 from .metrics import exact_match, normalize, strict_match
+from .minimal import HeadSet, score_head_sets
 from .models import load_model, model_identity
 from .pipeline import evaluate, predict, run_task
 from .selection import AlphaTrainer
+from .shared import fit_shared
+from .sparse import fit_sparse, sparse_path
+from .sweep import minimal_sets
 from .tasks import Task, build_prompt, builtin_tasks, load_task
 from .tiny import tiny_model
 
@@ -27,9 +36,11 @@ __all__ = [
     "AlphaTrainer",
     "EmbeddingConfig",
     "EvalConfig",
+    "HeadSet",
     "SelectionConfig",
     "SiteConfig",
     "SiteFit",
+    "SparsityConfig",
     "Task",
     "__version__",
     "build_prompt",
@@ -37,18 +48,23 @@ __all__ = [
     "builtin_tasks",
     "evaluate",
     "exact_match",
+    "fit_shared",
     "fit_site",
+    "fit_sparse",
     "gate_hook",
     "generate_greedy",
     "injection_hooks",
     "load_adapter",
     "load_model",
     "load_task",
+    "minimal_sets",
     "model_identity",
     "normalize",
     "predict",
     "run_task",
     "save_adapter",
+    "score_head_sets",
+    "sparse_path",
     "strict_match",
     "tiny_model",
 ]

@@ -22,8 +22,10 @@ from .commands import (
     cmd_figures,
     cmd_predict,
     cmd_run,
+    cmd_sparsify,
     cmd_tasks,
 )
+from .config import K_GRID, SPARSE_WEIGHTS
 
 DESCRIPTION = (
     "SITE (soft head selection for ICL-derived task embeddings) on TransformerLens: build a task embedding "
@@ -57,6 +59,28 @@ def seed_list(text: str) -> list[int]:
     if not seeds:
         raise argparse.ArgumentTypeError("expected at least one seed")
     return list(dict.fromkeys(seeds))
+
+
+def float_list(text: str) -> list[float]:
+    """A comma list of numbers, e.g. '0.001,0.01'."""
+    try:
+        values = [float(s) for s in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got '{text}'") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def int_list(text: str) -> list[int]:
+    """A comma list of positive integers, e.g. '1,2,4'."""
+    try:
+        values = [int(s) for s in comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got '{text}'")
+    return values
 
 
 def positive_int_or_all(text: str) -> int | None:
@@ -93,6 +117,10 @@ EXAMPLES = {
     "analyse": """examples:
   site-lens analyse --runs runs/fv --data path/to/fv
   site-lens figures --runs runs/fv --out figures   # then draw""",
+    "sparsify": """examples:
+  site-lens sparsify --data path/to/fv --tasks antonym,capitalize --seeds 0,1,2 --out runs/sparse
+  site-lens sparsify --data path/to/fv --tasks antonym --penalties l0 --weights-l0 0.003,0.01 --shared
+  site-lens figures --sparse runs/sparse --out figures/sparse   # then draw""",
     "figures": """examples:
   site-lens figures --runs results/head_specificity/runs --out figures
   site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out figures""",
@@ -218,6 +246,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draws", type=int, default=5, help="random head sets per k (default 5)")
     p.add_argument("--redo", action="store_true", help="recompute analyses that already exist")
 
+    p = add(
+        "sparsify",
+        cmd_sparsify,
+        "minimal head sets: sparse SITE swept over its penalty against top-k by alpha, by CIE and random k; resumable",
+    )
+    site_args(p)
+    p.add_argument("--tasks", required=True, help="comma list of task names (or 'all')")
+    p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
+    p.add_argument("--out", default="runs/sparse", help="output folder (default runs/sparse)")
+    p.add_argument("--penalties", type=comma_list, default=["l0", "l1"], help="l0, l1 or both (default l0,l1)")
+    p.add_argument("--weights-l0", type=float_list, default=list(SPARSE_WEIGHTS["l0"]), help=f"l0 weights, nats per open head (default {','.join(map(str, SPARSE_WEIGHTS['l0']))})")
+    p.add_argument("--weights-l1", type=float_list, default=list(SPARSE_WEIGHTS["l1"]), help=f"l1 weights (default {','.join(map(str, SPARSE_WEIGHTS['l1']))})")
+    p.add_argument("--path-steps", type=int, default=100, help="steps per weight along the warm-started path (default 100)")
+    p.add_argument("--ks", type=int_list, default=list(K_GRID), help=f"k grid of the rankings, plus every head (default {','.join(map(str, K_GRID))})")
+    p.add_argument("--draws", type=int, default=2, help="random k-sets per k (default 2)")
+    p.add_argument("--score-valid", type=positive_int_or_all, default=100, metavar="N|all", help="valid items that score the head sets, to choose k, weight and threshold (default 100)")
+    p.add_argument("--rankings-seeds", type=seed_list, default=None, help="seeds that also score the rankings and random sets (default: all)")
+    p.add_argument("--shared", action="store_true", help="also train one alpha over all the tasks (first seed's t per task)")
+    p.add_argument("--redo", action="store_true", help="recompute finished (task, seed) folders")
+
     p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")
     p.add_argument(
         "--runs",
@@ -227,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bench", type=comma_list, default=None, help="comma list of bench output folders (each with rows.csv)"
     )
+    p.add_argument("--sparse", default=None, help="a sparsify output folder: recovery against k, minimal sets, overlap")
     p.add_argument("--out", default="figures", help="folder for the figures (default figures/)")
     p.add_argument("--tables", default=None, help="also write the run summary tables as CSV into this folder")
     return parser

@@ -281,6 +281,60 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sparsify(args: argparse.Namespace) -> int:
+    """Minimal head sets per (task, seed), resumable; then OUT/summary.{csv,md} (and OUT/shared/ with --shared)."""
+    from . import bench
+    from .config import site_config_from_args
+    from .models import load_model
+    from .sweep import is_done, markdown_table, minimal_sets, summarise_minimal, write_minimal
+    from .tasks import load_task
+
+    cfg = site_config_from_args(args)
+    tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
+    seeds = args.seeds or [cfg.seed]
+    weights = {p: w for p, w in (("l0", args.weights_l0), ("l1", args.weights_l1)) if p in args.penalties}
+    out = Path(args.out)
+    check_writable(out)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    for name in tasks:
+        task = load_task(name, args.data)
+        for seed in seeds:
+            folder = out / name / f"seed{seed}"
+            if is_done(folder) and not args.redo:
+                print(f"{name} seed {seed}: done already ({folder})", flush=True)
+                continue
+            t0 = time.perf_counter()
+            result = minimal_sets(
+                model,
+                task,
+                seed,
+                weights=weights,
+                path_steps=args.path_steps,
+                ks=args.ks,
+                draws=args.draws,
+                rankings=args.rankings_seeds is None or seed in args.rankings_seeds,
+                max_valid=args.score_valid,
+                max_test=cfg.eval.max_test if cfg.eval else 100,
+                cfg=site_config_from_args(args),
+            )
+            write_minimal(result, folder)
+            sizes = ", ".join(f"{s['penalty']} w={s['weight']:g}: {s['n_mask']}" for s in result.info["sparse"])
+            print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; heads in the masks: {sizes}", flush=True)
+    if args.shared:
+        from .sweep import run_shared
+
+        run_shared(model, out, [load_task(n, args.data) for n in tasks], seeds[0], cfg)
+        print(f"wrote {out / 'shared'}")
+    table = summarise_minimal(out)
+    from .io import write_text_atomic
+
+    write_text_atomic(out / "summary.csv", table.to_csv(index=False))
+    write_text_atomic(out / "summary.md", markdown_table(table))
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}")
+    return 0
+
+
 def _find_runs(root: str):
     from .report import find_runs
     from .tasks import TaskError
@@ -315,8 +369,8 @@ def cmd_figures(args: argparse.Namespace) -> int:
     from .report import summarise, transfer_path, write_benchmark_figures, write_figures
     from .tasks import TaskError
 
-    if not args.runs and not args.bench:
-        raise TaskError("nothing to draw: give --runs DIR (run folders) and/or --bench DIR[,DIR] (bench folders)")
+    if not args.runs and not args.bench and not args.sparse:
+        raise TaskError("nothing to draw: give --runs DIR (run folders), --bench DIR[,DIR] (bench folders) or --sparse DIR")
     dirs = [Path(d) for d in args.bench or []]
     missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
     if missing:
@@ -337,6 +391,10 @@ def cmd_figures(args: argparse.Namespace) -> int:
                 df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
     if dirs:
         written += write_benchmark_figures(dirs, out)
+    if args.sparse:
+        from .sweep import write_minimal_figures
+
+        written += write_minimal_figures(args.sparse, out)
     print(f"\nwrote {len(written)} files under {out}/:")
     for w in written:
         print(f"  {w}")

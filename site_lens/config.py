@@ -98,6 +98,31 @@ class EvalConfig(_Config):
             raise ConfigError(f"EvalConfig.batch_size must be >= 1, got {self.batch_size}")
 
 
+# sparse SITE's default sweep (nats per open head, per penalty) and the rankings' k grid (plus every head)
+SPARSE_WEIGHTS = {"l0": (0.003, 0.01, 0.03, 0.1, 0.3), "l1": (0.003, 0.01, 0.03, 0.1, 0.3)}
+K_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass
+class SparsityConfig(_Config):
+    """Sparse SITE: a price on every head the gate opens (``sparse``)."""
+
+    penalty: str = "l0"  # l0: hard-concrete gates with exact zeros (Louizos et al. 2018); l1: SITE's gates and the L1 norm of alpha
+    weight: float = 0.0  # nats added to the loss per open head (0 with l1 is SITE)
+    threshold: float = 0.5  # binary mask: the heads whose alpha is above this
+    beta: float = 2 / 3  # hard-concrete temperature (Louizos et al. 2018)
+
+    def __post_init__(self) -> None:
+        if self.penalty not in ("l0", "l1"):
+            raise ConfigError(f"SparsityConfig.penalty must be l0 or l1, got {self.penalty!r}")
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise ConfigError(f"SparsityConfig.weight must be a finite number >= 0, got {self.weight}")
+        if not (0 <= self.threshold < 1):
+            raise ConfigError(f"SparsityConfig.threshold must be in [0, 1), got {self.threshold}")
+        if not (math.isfinite(self.beta) and self.beta > 0):
+            raise ConfigError(f"SparsityConfig.beta must be a finite number > 0, got {self.beta}")
+
+
 @dataclass
 class SiteConfig(_Config):
     """Everything one SITE run depends on."""

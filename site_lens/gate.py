@@ -16,6 +16,7 @@ Patching a head is the same mix with alpha in {0, 1}.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -59,6 +60,75 @@ class AlphaGate(nn.Module):
     def hooks(self, model: HookedTransformer, t: Float[Tensor, "layer head_index d_head"], pos) -> Hooks:
         """Injection hooks for one forward pass (differentiable in theta)."""
         return injection_hooks(model, t, self.alpha(), pos)
+
+    def train_alpha(self, generator: torch.Generator | None = None) -> Float[Tensor, "layer head_index"]:
+        """The alpha a training step injects: SITE's is ``alpha()`` itself."""
+        return self.alpha()
+
+    def open_heads(self) -> Tensor:
+        """How many heads the gate opens, differentiably: the L1 norm of alpha (alpha >= 0)."""
+        return self.alpha().sum()
+
+    def spec(self) -> dict | None:
+        """How an adapter turns this gate's theta into alpha (``alpha_from_theta``); None: sigmoid."""
+        return None
+
+
+class HardConcreteGate(AlphaGate):
+    """An L0 gate (Louizos, Welling and Kingma 2018): a stretched, clipped concrete variable per head.
+
+    Training draws ``u ~ U(0, 1)`` and injects
+    ``min(1, max(0, sigmoid((logit(u) + theta) / beta) * (high - low) + low))``, which is exactly
+    0 or 1 with positive probability; ``open_heads`` is the expected number of non-zero gates,
+    ``sum sigmoid(theta - beta * log(-low / high))``. At inference the gate is deterministic:
+    ``alpha = min(1, max(0, sigmoid(theta) * (high - low) + low))`` (exact zeros and ones).
+    theta = 0 gives alpha = 0.5, where SITE starts.
+    """
+
+    def __init__(
+        self, n_layers: int, n_heads: int, theta_init: float = 0.0, beta: float = 2 / 3, low: float = -0.1, high: float = 1.1
+    ):
+        super().__init__(n_layers, n_heads, theta_init)
+        if not (beta > 0 and low < 0 and high > 1):
+            raise ValueError(f"hard-concrete gate needs beta > 0 and low < 0 < 1 < high, got {beta}, {low}, {high}")
+        self.beta, self.low, self.high = float(beta), float(low), float(high)
+
+    def alpha(self) -> Float[Tensor, "layer head_index"]:
+        return stretch_clip(torch.sigmoid(self.theta), self.low, self.high)
+
+    def train_alpha(self, generator: torch.Generator | None = None) -> Float[Tensor, "layer head_index"]:
+        u = torch.rand(self.theta.shape, generator=generator, device=self.theta.device).clamp(1e-6, 1 - 1e-6)
+        s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.theta) / self.beta)
+        return stretch_clip(s, self.low, self.high)
+
+    def open_heads(self) -> Tensor:
+        return torch.sigmoid(self.theta - self.beta * math.log(-self.low / self.high)).sum()
+
+    def spec(self) -> dict:
+        return {"kind": "hard_concrete", "low": self.low, "high": self.high}
+
+
+def stretch_clip(s: Tensor, low: float, high: float) -> Tensor:
+    """s in (0, 1) stretched to (low, high) and clipped to [0, 1]."""
+    return (s * (high - low) + low).clamp(0.0, 1.0)
+
+
+GATE_KINDS = ("sigmoid", "hard_concrete", "mask")
+
+
+def alpha_from_theta(theta: Float[Tensor, "layer head_index"], spec: dict | None = None) -> Float[Tensor, "layer head_index"]:
+    """alpha for saved gate logits: sigmoid (SITE, ``spec`` None), a hard-concrete gate, or a binary mask of either.
+
+    ``{"kind": "mask", "threshold": x, "of": inner}`` is 1 where the inner gate's alpha exceeds x, else 0.
+    """
+    kind = "sigmoid" if spec is None else spec.get("kind")
+    if kind == "sigmoid":
+        return torch.sigmoid(theta)
+    if kind == "hard_concrete":
+        return stretch_clip(torch.sigmoid(theta), float(spec["low"]), float(spec["high"]))
+    if kind == "mask":
+        return (alpha_from_theta(theta, spec.get("of")) > float(spec["threshold"])).to(theta.dtype)
+    raise ValueError(f"unknown gate kind {kind!r}; known: {', '.join(GATE_KINDS)}")
 
 
 def gate_hook(

@@ -12,7 +12,7 @@ Decode steps run on the model's backend (``backend.backend_for``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Float
@@ -20,8 +20,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-from .backend import backend_for, last_logits
-from .gate import HookFactory
+from .backend import PackedBackend, backend_for, last_logits
+from .gate import HookFactory, injection_hooks
 from .tokens import check_context, fit_batches, newline_ids, pad_id, pad_right
 
 
@@ -117,3 +117,78 @@ def _generate_uncached(model, batch, max_new, prefill_hooks, stop):
         for j in range(len(seqs)):
             seqs[j].append(int(nxt[j]))
     return gen, logits0
+
+
+@torch.inference_mode()
+def generate_under_gates(
+    model: HookedTransformer,
+    prompts: Sequence[Sequence[int]],
+    t: Float[Tensor, "layer head_index d_head"],
+    alphas: Sequence[Float[Tensor, "layer head_index"]],
+    *,
+    max_new_tokens: int = 20,
+    batch_size: int = 64,
+    finished: Callable[[int, list[int]], bool] | None = None,
+) -> Iterator[tuple[list[list[int]], Float[Tensor, "batch d_vocab"]]]:
+    """``generate_greedy`` with t injected at the last prompt token, once per gate in ``alphas`` (yielded in turn).
+
+    On the packed backend every prompt's prefix (all but its last token) is computed once and
+    shared by all the gates; each gate then runs the last token and the decode steps only.
+    Elsewhere (the hooked backend) each gate is a ``generate_greedy`` call. Rows stop at a newline,
+    and, on the packed backend, once ``finished(prompt index, tokens so far)`` is true (a caller
+    that only needs to know whether an answer matches stops rows whose verdict is settled).
+    """
+    check_context(model, [len(p) for p in prompts], max_new_tokens)
+    dev, dt = model.cfg.device, model.cfg.dtype
+    t = t.to(device=dev, dtype=dt)
+    backend = backend_for(model)
+    if not isinstance(backend, PackedBackend) or min(len(p) for p in prompts) < 2:
+        for a in alphas:
+            yield generate_greedy(
+                model,
+                prompts,
+                max_new_tokens=max_new_tokens,
+                prefill_hooks=lambda last, a=a: injection_hooks(model, t, a.to(device=dev, dtype=dt), last),
+                batch_size=batch_size,
+            )
+        return
+    runner = backend.runner
+    stop = newline_ids(model) | {pad_id(model)}
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    groups = []  # (prompt indices, their prefix, their last tokens)
+    for idx in by_len.values():
+        for part in fit_batches(idx, [len(p) + max_new_tokens for p in prompts], batch_size, model.cfg.n_heads):
+            toks = torch.tensor([list(prompts[i]) for i in part], device=dev)
+            groups.append((part, backend.prefix(toks[:, :-1]), toks[:, -1]))
+    for alpha in alphas:
+        a = alpha.to(device=dev, dtype=dt)
+        gen_all: list[list[int]] = [[] for _ in prompts]
+        first = torch.empty(len(prompts), model.cfg.d_vocab)
+        for part, prefix, last in groups:
+            cache = runner.start_decode(prefix, max_new_tokens)
+            logits = runner.decode(last, cache, a, t)  # the last prompt token, gated
+            first[part] = logits.float().cpu()
+            gen: list[list[int]] = [[] for _ in part]
+            done = torch.zeros(len(part), dtype=torch.bool)
+            nxt = logits.argmax(-1)
+            live = torch.arange(len(part))  # rows still in ``cache``, in its row order
+            for step in range(max_new_tokens):
+                _finish(gen, nxt, done, stop)
+                if finished is not None:
+                    for j in range(len(part)):
+                        if not done[j] and finished(part[j], gen[j]):
+                            done[j] = True
+                if bool(done.all()) or step == max_new_tokens - 1:
+                    break
+                running = ~done[live]
+                if int(running.sum()) <= 0.75 * len(live):  # drop finished rows from the batch
+                    keep = running.nonzero()[:, 0]
+                    cache, live = cache.select(keep.to(cache.pos.device)), live[keep]
+                out = nxt.clone()
+                out[live] = runner.decode(nxt[live], cache).argmax(-1)
+                nxt = out
+            for j, i in enumerate(part):
+                gen_all[i] = gen[j]
+        yield gen_all, first

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .gate import Hooks, injection_hooks
+from .gate import Hooks, alpha_from_theta, injection_hooks
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -66,7 +66,8 @@ class Adapter:
 
     @property
     def alpha(self) -> Float[Tensor, "layer head_index"]:
-        return torch.sigmoid(self.theta)
+        """sigmoid(theta) for SITE; sparse adapters record another gate in ``meta['gate']`` (``gate.alpha_from_theta``)."""
+        return alpha_from_theta(self.theta, self.meta.get("gate"))
 
     def hooks(self, model, pos: Tensor | int = -1) -> Hooks:
         """Injection hooks for ``model`` (t and alpha on its device and in its dtype) at position ``pos`` of each row."""
@@ -156,6 +157,10 @@ def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None)
     if not (torch.isfinite(t).all() and torch.isfinite(theta).all()):
         raise AdapterError(f"{w_path}: t or theta holds non-finite values")
     adapter = Adapter(t=t, theta=theta, model=m, meta=cfg.get("meta", {}))
+    try:
+        _ = adapter.alpha  # reads meta["gate"]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise AdapterError(f"{cfg_path}: meta.gate is not a gate this version reads ({e})") from None
     if model_identity is not None:
         adapter.check_model(model_identity)
     return adapter

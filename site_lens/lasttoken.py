@@ -367,8 +367,34 @@ class LastToken:
         return DecodeCache(keys, values, valid, T, attention_mask.sum(-1))
 
     @torch.no_grad()
-    def decode(self, tokens: Int[Tensor, " batch"], cache: DecodeCache) -> Float[Tensor, "batch d_vocab"]:
-        """Logits after one more token per row; its keys and values are written into ``cache``."""
+    def start_decode(self, prefix: Prefix, extra: int) -> DecodeCache:
+        """A decode cache holding equal-length prefixes (one per row) with room for ``extra`` tokens."""
+        B, P = prefix.keys[0].shape[0], prefix.length
+        self._cover(P + extra)
+        keys, values = [], []
+        for k, v in zip(prefix.keys, prefix.values):
+            kb = k.new_zeros(B, self.n_kv, P + extra, self.d_head)
+            vb = torch.zeros_like(kb)
+            kb[:, :, :P], vb[:, :, :P] = k, v
+            keys.append(kb)
+            values.append(vb)
+        valid = torch.zeros(B, P + extra, dtype=torch.bool, device=keys[0].device)
+        valid[:, :P] = True
+        return DecodeCache(keys, values, valid, P, torch.full((B,), P, dtype=torch.long, device=keys[0].device))
+
+    @torch.no_grad()
+    def decode(
+        self,
+        tokens: Int[Tensor, " batch"],
+        cache: DecodeCache,
+        alpha: Float[Tensor, "layer head_index"] | None = None,
+        t: Float[Tensor, "layer head_index d_head"] | None = None,
+    ) -> Float[Tensor, "batch d_vocab"]:
+        """Logits after one more token per row; its keys and values are written into ``cache``.
+
+        With ``alpha`` and ``t`` this token's z is gated toward t (SITE's injection at the last
+        prompt token, when ``cache`` came from ``start_decode``); decode steps after it pass none.
+        """
         H, D = self.n_heads, self.d_head
         B, n = tokens.shape[0], cache.used
         if n >= cache.valid.shape[1]:
@@ -386,6 +412,8 @@ class LastToken:
             if w["window"] is not None and n - w["window"] >= 0:  # local layer: slots <= n - window, as TransformerLens
                 scores[..., : n - w["window"] + 1] = float("-inf")
             z = (scores.softmax(-1) @ values[:, :, : n + 1]).reshape(B, H * D)
+            if alpha is not None and t is not None:
+                z = AlphaGate.mix(z.view(B, H, D), t[i].to(z.dtype), alpha[i].to(z.dtype)[:, None]).reshape(B, H * D)
             resid = resid + _maybe_rms(_bias(row_matmul(z, w["w_o"]), w["b_o"]), w["ln1_post"])
             resid = resid + self._mlp(resid, w)
         cache.valid[:, n] = True

@@ -29,6 +29,27 @@ def exact_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
     return bool(t) and p.startswith(t)
 
 
+def settled_match(partial: str, target: str, case_sensitive: bool = False) -> bool | None:
+    """``exact_match`` of every continuation of ``partial``, when it is already settled; else None.
+
+    True once the text past its leading whitespace starts with the normalised target; False once
+    it can no longer (it left the target's prefixes, or its first line or "(" ended it); None
+    while it is still a prefix of the target, or ends in an incomplete character.
+    """
+    if "\ufffd" in partial:
+        return None
+    t = normalize(target, case_sensitive)
+    if not t:
+        return False
+    c = partial.lstrip()
+    c = c if case_sensitive else c.lower()
+    if "\n" in c or "(" in c:  # the first line, cut at "(", is fixed
+        return exact_match(partial, target, case_sensitive)
+    if c.startswith(t):
+        return True
+    return None if t.startswith(c) else False
+
+
 def strict_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
     """The normalised prediction equals the normalised target."""
     return normalize(pred, case_sensitive) == normalize(target, case_sensitive)

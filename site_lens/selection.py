@@ -42,13 +42,24 @@ class AlphaTrainer:
         t: Float[Tensor, "layer head_index d_head"],
         cfg: SelectionConfig | None = None,
         seed: int = 0,
+        gate: AlphaGate | None = None,
     ):
         self.model = model
         self.cfg = cfg or SelectionConfig()
         self.seed = seed
         self.t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
-        self.gate = AlphaGate(model.cfg.n_layers, model.cfg.n_heads, self.cfg.theta_init).to(model.cfg.device)
+        self.gate = gate or AlphaGate(model.cfg.n_layers, model.cfg.n_heads, self.cfg.theta_init)
+        self.gate.to(model.cfg.device)
+        self.generator: torch.Generator | None = None  # noise of a stochastic gate's training alpha
         self.history = TrainHistory()
+
+    def penalty(self) -> Tensor | None:
+        """A term added to every training and validation loss; SITE has none (``sparse.SparseTrainer`` does)."""
+        return None
+
+    def _penalised(self, loss: Tensor) -> Tensor:
+        extra = self.penalty()
+        return loss if extra is None else loss + extra
 
     # ------------------------------------------------------------ losses
 
@@ -58,17 +69,29 @@ class AlphaTrainer:
         Memory-capped chunks as in ``training.first_token_loss``; with ``backward`` the gradient
         is accumulated chunk by chunk and the loss comes back detached.
         """
-        return first_token_loss(
+        ce = first_token_loss(
             self.model,
             examples,
             prefill=lambda last: self.gate.hooks(self.model, self.t, last),
             batch_size=max(1, len(examples)),
             backward=backward,
         )
+        extra = self.penalty()
+        if extra is None:
+            return ce
+        if backward:
+            extra.backward()
+            extra = extra.detach()
+        return ce + extra
 
-    def loss_fast(self, cache: PromptCache, indices: Sequence[int]) -> Tensor:
-        """The same loss, running only the last prompt token against cached prefixes."""
-        return cache.loss(indices, self.gate.alpha(), self.t)
+    def loss_fast(self, cache: PromptCache, indices: Sequence[int], train: bool = False) -> Tensor:
+        """The same loss, running only the last prompt token against cached prefixes.
+
+        ``train`` injects the gate's training alpha (``AlphaGate.train_alpha``: SITE's is alpha
+        itself, a hard-concrete gate draws its noise); otherwise the deterministic alpha.
+        """
+        alpha = self.gate.train_alpha(self.generator) if train else self.gate.alpha()
+        return self._penalised(cache.loss(indices, alpha, self.t))
 
     def valid_loss(self, valid: Sequence[Example]) -> float:
         """Mean first-token CE of ``valid`` under the current gate (whole prompts, no gradient)."""
@@ -109,7 +132,7 @@ class AlphaTrainer:
 
                 def step_loss(batch: Sequence[int]) -> Tensor:
                     assert tr_cache is not None
-                    return self.loss_fast(tr_cache, [remap[i] for i in batch])
+                    return self.loss_fast(tr_cache, [remap[i] for i in batch], train=True)
 
                 def valid_loss() -> float:
                     assert va_cache is not None

@@ -176,3 +176,41 @@ def test_run_then_predict_with_the_saved_adapter(tmp_path, monkeypatch, capsys):
     dest = tmp_path / "gen.txt"
     assert main(["predict", "--adapter", str(out / "adapter"), "--max-new-tokens", "2", "--out", str(dest)]) == 0
     assert dest.read_text().splitlines() == lines[:1]
+
+
+def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_path, monkeypatch, capsys):
+    """`sparsify` on a tiny model: per (task, seed) folders, resumable, summary, shared gate, figures."""
+    from helpers import tiny
+
+    import site_lens.models
+
+    model = tiny()
+    monkeypatch.setattr(site_lens.models, "load_model", lambda *a, **k: model)
+    data = tmp_path / "data"
+    for name, fn in (("up", str.upper), ("rev", lambda s: s[::-1])):
+        words = [a + b for a in "abcdefgh" for b in "xyz"]
+        pairs = [{"input": w, "output": fn(w)} for w in words]
+        (data / name).mkdir(parents=True)
+        for split, part in (("train", pairs[:14]), ("valid", pairs[14:19]), ("test", pairs[19:])):
+            (data / name / f"{split}.json").write_text(json.dumps(part))
+    out = tmp_path / "sparse"
+    argv = [
+        "sparsify", "--data", str(data), "--tasks", "up,rev", "--seeds", "0,1", "--rankings-seeds", "0",
+        "--steps", "4", "--eval-every", "2", "--prompts", "2", "--shots", "2", "--path-steps", "2",
+        "--weights-l0", "0.01,0.1", "--weights-l1", "0.1", "--ks", "1,4", "--max-test", "4", "--score-valid", "3",
+        "--shared", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "heads in the masks" in text and (out / "summary.csv").is_file() and (out / "shared" / "scores.csv").is_file()
+    import pandas as pd
+
+    scores = pd.read_csv(out / "up" / "seed0" / "scores.csv")
+    assert {"zero_shot", "site", "sparse_l0", "sparse_l1", "dense_alpha", "cie", "random"} <= set(scores.method)
+    assert set(pd.read_csv(out / "up" / "seed1" / "scores.csv").method) == {"zero_shot", "site", "sparse_l0", "sparse_l1"}
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary.task) == {"up", "rev"}
+    assert main(argv) == 0  # resumed: nothing recomputed
+    assert "done already" in capsys.readouterr().out
+    assert main(["figures", "--sparse", str(out), "--out", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "minimal_k_recovery_em.html").is_file()

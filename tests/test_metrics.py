@@ -26,3 +26,23 @@ def test_score_and_first_token_accuracy():
     assert s == {"exact_match": 2 / 3, "strict_match": 1 / 3}
     logits = torch.tensor([[0.0, 1.0], [2.0, 1.0]])
     assert first_token_accuracy(logits, [1, 1]) == 0.5
+
+
+def test_settled_match_agrees_with_every_continuation():
+    import itertools
+    import random
+
+    from site_lens.metrics import exact_match, settled_match
+
+    rng = random.Random(0)
+    alphabet = ["a", "n", "t", " ", "\n", "(", "A", "s", "é"]
+    targets = ["ant", "Ant s", "a (b)", "  ant", "n"]
+    for _ in range(3000):
+        full = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7)))
+        for target, cs in itertools.product(targets, (False, True)):
+            want = exact_match(full, target, cs)
+            for cut in range(len(full) + 1):
+                got = settled_match(full[:cut], target, cs)
+                assert got is None or got == want, (full[:cut], full, target, cs)
+    assert settled_match("\ufffd", "ant") is None
+    assert settled_match(" An", "ant") is None and settled_match(" Ant", "ant") is True and settled_match(" b", "ant") is False

@@ -1,0 +1,350 @@
+"""The minimal-head-set study of one (task, seed), as ``site-lens sparsify`` runs it, and its folder.
+
+    result = minimal_sets(model, task, seed=0)          # dense SITE, CIE, sparse paths, every set scored
+    write_minimal(result, "runs/sparse/antonym/seed0")
+    table = summarise_minimal("runs/sparse")             # per task and method: smallest k reaching 0.9
+
+Per (task, seed): dense SITE (the reference, recovery 1) and its t; FV's CIE
+of every head against that t; a warm-started sparse path per penalty; then
+every head set (zero-shot, dense SITE, each sparse gate soft and as binary
+masks, the top-k by dense alpha and by CIE, random k-sets) scored on valid
+and test the same way (``minimal.score_head_sets``). Rankings are scored on a
+k grid and at every k a sparse mask reached, so comparisons are at matched k.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from transformer_lens import HookedTransformer
+
+from .cie import causal_indirect_effect
+from .config import K_GRID, SPARSE_WEIGHTS, SiteConfig
+from .io import Adapter, load_adapter, save_adapter, write_json_atomic, write_text_atomic
+from .methods.site import fit_site
+from .minimal import (
+    add_recovery,
+    parse_heads,
+    random_sets,
+    ranking_sets,
+    reference_sets,
+    score_head_sets,
+    seed_overlap,
+    smallest_k,
+    sparse_sets,
+)
+from .sparse import SparseFit, sparse_path
+from .tasks import Task, category
+
+log = logging.getLogger(__name__)
+
+DONE_FILE = "minimal.json"  # written last: a folder without it is incomplete
+
+
+@dataclass
+class MinimalResult:
+    task: str
+    seed: int
+    dense: Adapter
+    cie: torch.Tensor | None
+    fits: list[SparseFit]
+    scores: pd.DataFrame  # one row per (split, head set)
+    smallest: pd.DataFrame  # one row per method
+    info: dict = field(default_factory=dict)
+
+
+def minimal_sets(
+    model: HookedTransformer,
+    task: Task,
+    seed: int = 0,
+    *,
+    weights: Mapping[str, Sequence[float]] = SPARSE_WEIGHTS,
+    path_steps: int = 100,
+    ks: Sequence[int] = K_GRID,
+    draws: int = 2,
+    thresholds: Sequence[float] = (0.5,),
+    rankings: bool = True,
+    max_valid: int | None = 100,
+    max_test: int | None = 100,
+    target: float = 0.9,
+    cfg: SiteConfig | None = None,
+) -> MinimalResult:
+    """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc)."""
+    cfg = cfg or SiteConfig(seed=seed)
+    cfg.seed = seed
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    dense = fit_site(model, task, cfg).adapter
+    seconds["dense"] = time.perf_counter() - t0
+    cie = None
+    if rankings:
+        t0 = time.perf_counter()
+        assert cfg.embedding is not None
+        cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
+        seconds["cie"] = time.perf_counter() - t0
+    fits: list[SparseFit] = []
+    for penalty, ws in weights.items():
+        t0 = time.perf_counter()
+        fits += sparse_path(model, task, list(ws), dense, penalty, path_steps, cfg)
+        seconds[f"path_{penalty}"] = time.perf_counter() - t0
+    alpha = dense.alpha
+    sets = reference_sets(alpha) + sparse_sets(fits, thresholds)
+    if rankings:
+        assert cie is not None
+        total = alpha.numel()
+        sparse_ks = {int(f.mask(th).sum()) for f in fits for th in thresholds if f.sparsity.penalty == "l0"}
+        matched = sorted(sparse_ks | set(ks) | {total})  # the grid and every k an L0 mask reached
+        matched = [k for k in matched if 0 < k <= total]
+        sets += ranking_sets(alpha, matched, "dense_alpha") + ranking_sets(cie, matched, "cie")
+        sets += random_sets(alpha.shape, matched, draws, seed)
+    t0 = time.perf_counter()
+    frames = [
+        score_head_sets(model, task, dense.t, sets, "valid", max_valid),
+        score_head_sets(model, task, dense.t, sets, "test", max_test),
+    ]
+    seconds["scoring"] = time.perf_counter() - t0
+    log.info("%s seed %d: %d head sets scored on valid and test; seconds %s", task.name, seed, len(sets), seconds)
+    scores = pd.concat(frames, ignore_index=True)
+    scores.insert(1, "seed", seed)
+    scores.insert(2, "category", category(task))
+    scores = add_recovery(scores)
+    valid, test = scores[scores.split == "valid"], scores[scores.split == "test"]
+    smallest = pd.concat(
+        [smallest_k(valid, test, target, m) for m in ("recovery_em", "recovery_prob")], ignore_index=True
+    )
+    smallest.insert(0, "task", task.name)
+    smallest.insert(1, "seed", seed)
+    info = {
+        "task": task.name,
+        "seed": seed,
+        "category": category(task),
+        "weights": {k: list(v) for k, v in weights.items()},
+        "path_steps": path_steps,
+        "ks": list(ks),
+        "draws": draws,
+        "thresholds": list(thresholds),
+        "max_valid": max_valid,
+        "max_test": max_test,
+        "target": target,
+        "config": cfg.to_dict(),
+        "seconds": seconds,
+        "sparse": [f.summary() for f in fits],
+    }
+    return MinimalResult(task.name, seed, dense, cie, fits, scores, smallest, info)
+
+
+def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
+    """The folder: adapter/ (dense SITE), cie and sparse thetas (safetensors), scores.csv, smallest_k.csv, minimal.json."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_adapter(result.dense, folder / "adapter")
+    if result.cie is not None:
+        save_file({"cie": result.cie.float().contiguous()}, str(folder / "cie.safetensors"))
+    thetas = {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)}
+    save_file(thetas, str(folder / "sparse.safetensors"))
+    write_text_atomic(folder / "scores.csv", result.scores.to_csv(index=False))
+    write_text_atomic(folder / "smallest_k.csv", result.smallest.to_csv(index=False))
+    write_json_atomic(folder / DONE_FILE, result.info)
+    return folder
+
+
+def is_done(folder: str | Path) -> bool:
+    """Whether ``write_minimal`` finished this folder."""
+    return (Path(folder) / DONE_FILE).is_file()
+
+
+def minimal_folders(root: str | Path) -> list[Path]:
+    """Every finished (task, seed) folder under ``root``, sorted."""
+    return sorted(p.parent for p in Path(root).glob(f"**/{DONE_FILE}"))
+
+
+def read_minimal(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(scores, smallest_k) of every finished folder under ``root``, concatenated."""
+    folders = minimal_folders(root)
+    if not folders:
+        raise FileNotFoundError(f"{root}: no finished minimal-set folders (no {DONE_FILE} below it)")
+    scores = pd.concat([pd.read_csv(f / "scores.csv") for f in folders], ignore_index=True)
+    small = pd.concat([pd.read_csv(f / "smallest_k.csv") for f in folders], ignore_index=True)
+    return scores, small
+
+
+def chosen_sets(scores: pd.DataFrame, smallest: pd.DataFrame, method: str, metric: str = "recovery_em") -> pd.DataFrame:
+    """Per (task, seed): the heads of ``method``'s valid-chosen set (the smallest reaching the target)."""
+    rows = []
+    pick = smallest[(smallest.method == method) & (smallest.metric == metric) & smallest.k.notna()]
+    for _, r in pick.iterrows():
+        s = scores[
+            (scores.task == r.task)
+            & (scores.seed == r.seed)
+            & (scores.split == "test")
+            & (scores.method == method)
+            & (scores["mode"] == "binary")
+            & (scores.k == r.k)
+        ]
+        if "weight" in r and pd.notna(r.get("weight")):
+            s = s[(s.weight == r.weight) & (s.threshold == r.threshold)]
+        if len(s):
+            rows.append({"task": r.task, "seed": int(r.seed), "k": int(r.k), "heads": s.iloc[0].heads})
+    return pd.DataFrame(rows, columns=["task", "seed", "k", "heads"])
+
+
+def summarise_minimal(root: str | Path, metric: str = "recovery_em") -> pd.DataFrame:
+    """Per task and method: median over seeds of the smallest k reaching the target, test recovery, seed overlap."""
+    scores, small = read_minimal(root)
+    small = small[small.metric == metric]
+    gains = scores[(scores.split == "test") & (scores.method == "site")].groupby("task").site_gain_em.mean()
+    rows = []
+    for (task, method), g in small.groupby(["task", "method"]):
+        ks = g.k.dropna()
+        row = {
+            "task": task,
+            "category": scores[scores.task == task].category.iloc[0],
+            "method": method,
+            "seeds": len(g),
+            "reached": int(ks.size),
+            "k_median": float(ks.median()) if ks.size else None,
+            "test_recovery": float(g.test_value.dropna().mean()) if g.test_value.notna().any() else None,
+            "test_exact_match": float(g.test_exact_match.dropna().mean()) if g.test_exact_match.notna().any() else None,
+            "site_gain_em": float(gains.get(task, float("nan"))),
+        }
+        if method.startswith("sparse"):
+            sets = chosen_sets(scores, small, method, metric)
+            sets = sets[sets.task == task]
+            row["seed_jaccard"] = seed_overlap([parse_heads(h) for h in sets.heads]) if len(sets) > 1 else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load_minimal(folder: str | Path) -> tuple[Adapter, dict]:
+    """A finished folder's dense adapter and its minimal.json."""
+    folder = Path(folder)
+    return load_adapter(folder / "adapter"), json.loads((folder / DONE_FILE).read_text())
+
+
+def run_shared(
+    model: HookedTransformer, root: str | Path, tasks: Sequence[Task], seed: int = 0, cfg: SiteConfig | None = None
+) -> pd.DataFrame:
+    """One alpha over ``tasks`` (each task's t from its finished ``root/TASK/seed{seed}`` folder), scored per task.
+
+    Writes ``root/shared/``: theta.safetensors, scores.csv (per task on test: zero-shot, the task's own
+    SITE, the shared gate soft and as a mask at 0.5) and shared.json; returns the scores.
+    """
+    from safetensors.torch import save_file
+
+    from .minimal import HeadSet, mask_alpha
+    from .shared import fit_shared
+
+    cfg = cfg or SiteConfig(seed=seed)
+    root = Path(root)
+    dense = {}
+    for task in tasks:
+        folder = root / task.name / f"seed{seed}"
+        if not is_done(folder):
+            raise FileNotFoundError(f"{folder}: run the task's minimal-set study (seed {seed}) before the shared gate")
+        dense[task.name] = load_adapter(folder / "adapter")
+    fit = fit_shared(model, {n: a.t for n, a in dense.items()}, {t.name: t for t in tasks}, cfg.selection, seed)
+    frames = []
+    for task in tasks:
+        a = dense[task.name]
+        sets = reference_sets(a.alpha) + [
+            HeadSet("shared", fit.alpha, int((fit.alpha > 0).sum()), mode="soft"),
+            HeadSet("shared", mask_alpha(fit.alpha > 0.5), int((fit.alpha > 0.5).sum())),
+        ]
+        frames.append(score_head_sets(model, task, a.t, sets, "test", cfg.eval.max_test if cfg.eval else 100))
+    scores = pd.concat(frames, ignore_index=True)
+    scores.insert(1, "seed", seed)
+    scores = add_recovery(scores)
+    out = root / "shared"
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({"theta": fit.theta.contiguous()}, str(out / "theta.safetensors"))
+    write_text_atomic(out / "scores.csv", scores.to_csv(index=False))
+    info = {
+        "tasks": fit.tasks,
+        "seed": seed,
+        "selection": cfg.selection.to_dict() if cfg.selection else None,
+        "seconds": fit.seconds,
+        "history": fit.history.to_dict(),
+        "n_open": int((fit.alpha > 0.5).sum()),
+    }
+    write_json_atomic(out / "shared.json", info)
+    return scores
+
+
+def kept_fraction(sets: pd.DataFrame, shape: tuple[int, int]) -> torch.Tensor:
+    """(layer, head): the share of the rows of ``sets`` (``chosen_sets`` of one task) whose set holds each head."""
+    counts = torch.zeros(shape)
+    for h in sets.heads:
+        for layer, head in parse_heads(h):
+            counts[layer, head] += 1
+    return counts / max(1, len(sets))
+
+
+def write_minimal_figures(root: str | Path, out: str | Path, method: str = "sparse_l0") -> list[Path]:
+    """Recovery against k (all tasks and per task), each task's minimal set as a heatmap, their overlap."""
+    from .minimal import jaccard
+    from .plots import alpha_heatmap, overlap_heatmap, save_figure
+    from .plots.minimal import k_curves
+
+    scores, small = read_minimal(root)
+    out = Path(out)
+    written: list[Path] = []
+    for metric in ("recovery_em", "recovery_prob"):
+        fig = k_curves(scores, metric, title=f"{scores.task.nunique()} tasks: recovery against heads kept (test)")
+        written += save_figure(fig, out / f"minimal_k_{metric}")
+    shape = tuple(load_adapter(minimal_folders(root)[0] / "adapter").theta.shape)
+    sets = chosen_sets(scores, small, method)
+    majority: dict[str, set] = {}
+    categories = scores.groupby("task").category.first().to_dict()
+    for task in sorted(scores.task.unique()):
+        written += save_figure(
+            k_curves(scores[scores.task == task], title=f"{task}: recovery against heads kept"),
+            out / f"minimal_k_{task}",
+        )
+        mine = sets[sets.task == task]
+        if len(mine):
+            frac = kept_fraction(mine, shape)  # type: ignore[arg-type]
+            title = f"{task}: heads of the {len(mine)} seeds' minimal sets ({method})"
+            written += save_figure(alpha_heatmap(frac, title=title), out / f"minimal_heads_{task}")
+            majority[task] = {tuple(x) for x in (frac > 0.5).nonzero().tolist()}
+    if len(majority) > 1:
+        names = list(majority)
+        matrix = pd.DataFrame(
+            [[jaccard(majority[a], majority[b]) for b in names] for a in names], index=names, columns=names
+        )
+        fig = overlap_heatmap(
+            matrix, title="Minimal sets across tasks (heads most seeds keep)", diverging=False,
+            categories=categories, colorbar_title="Jaccard",
+        )  # fmt: skip
+        written += save_figure(fig, out / "minimal_overlap")
+    shared = Path(root) / "shared" / "theta.safetensors"
+    if shared.is_file():
+        from safetensors.torch import load_file
+
+        alpha = torch.sigmoid(load_file(str(shared))["theta"])
+        written += save_figure(
+            alpha_heatmap(alpha, title="one alpha shared by every task"), out / "minimal_shared_alpha"
+        )
+    return written
+
+
+def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
+    """A DataFrame as a Markdown table (floats to ``digits`` places, missing values blank)."""
+
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,149 @@
+import math
+
+import pytest
+import torch
+
+from site_lens.config import ConfigError, SelectionConfig, SparsityConfig
+from site_lens.gate import AlphaGate, HardConcreteGate, alpha_from_theta
+from site_lens.io import AdapterError, load_adapter, save_adapter
+from site_lens.selection import AlphaTrainer
+from site_lens.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
+from site_lens.tasks import Task
+from site_lens.tokens import make_examples
+
+WORDS = ["cat", "dog", "sun", "moon", "tree", "rock", "fish", "bird", "leaf", "rain"]
+
+
+def _examples(model, words=WORDS):
+    return make_examples(model, [(f"Q: {w}\nA:", w[::-1]) for w in words])
+
+
+def _t(model, scale=3.0):
+    g = torch.Generator().manual_seed(1)
+    return scale * torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, generator=g)
+
+
+def _task():
+    pairs = [(w, w[::-1]) for w in WORDS * 3]
+    return Task("rev", pairs[:20], pairs[20:25], pairs[25:])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_l1_at_weight_zero_is_site_exactly(model, fast):
+    ex = _examples(model)
+    cfg = SelectionConfig(steps=25, eval_every=10, fast=fast)
+    site = AlphaTrainer(model, _t(model), cfg, seed=3)
+    site.fit(ex[:7], ex[7:])
+    sparse = SparseTrainer(model, _t(model), cfg, SparsityConfig("l1", 0.0), seed=3)
+    sparse.fit(ex[:7], ex[7:])
+    assert torch.equal(site.gate.theta, sparse.gate.theta)
+    assert site.history.loss == sparse.history.loss
+    assert site.history.valid_loss == sparse.history.valid_loss
+
+
+@pytest.mark.parametrize("penalty", ["l0", "l1"])
+def test_a_large_weight_closes_every_gate(model, penalty):
+    tr = SparseTrainer(
+        model, _t(model), SelectionConfig(steps=200, eval_every=0), SparsityConfig(penalty, 50.0), seed=0
+    )
+    gate = tr.fit(_examples(model)[:7])
+    alpha = gate.alpha()
+    if penalty == "l0":
+        assert torch.equal(alpha, torch.zeros_like(alpha))  # exact zeros
+    else:
+        assert alpha.max() < 0.01
+    assert not (alpha > 0.5).any()
+
+
+def test_a_small_weight_keeps_some_heads_open(model):
+    tr = SparseTrainer(model, _t(model), SelectionConfig(steps=40, eval_every=0), SparsityConfig("l0", 1e-4), seed=0)
+    alpha = tr.fit(_examples(model)[:7]).alpha()
+    assert (alpha > 0).any()
+
+
+def test_hard_concrete_gate():
+    g = HardConcreteGate(3, 4)
+    assert torch.allclose(g.alpha(), torch.full((3, 4), 0.5))  # where SITE starts
+    with torch.no_grad():
+        g.theta.copy_(torch.linspace(-8, 8, 12).view(3, 4))
+    a = g.alpha()
+    assert a.min() == 0 and a.max() == 1 and ((a >= 0) & (a <= 1)).all()
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([g.train_alpha(gen) for _ in range(4000)])
+    assert torch.equal(g.train_alpha(torch.Generator().manual_seed(5)), g.train_alpha(torch.Generator().manual_seed(5)))
+    p_open = (draws > 0).float().mean(0)  # Monte Carlo P(gate != 0)
+    expected = g.open_heads().detach()
+    assert abs(float(p_open.sum()) - float(expected)) < 0.15
+    assert g.spec()["kind"] == "hard_concrete"
+
+
+def test_hard_concrete_theta_matches_a_dense_alpha():
+    theta = torch.linspace(-5, 5, 20).view(4, 5)
+    g = HardConcreteGate(4, 5)
+    with torch.no_grad():
+        g.theta.copy_(hard_concrete_theta(theta))
+    assert torch.allclose(g.alpha(), torch.sigmoid(theta), atol=1e-6)
+
+
+def test_alpha_from_theta_kinds():
+    theta = torch.tensor([[-3.0, 0.1, 4.0]])
+    assert torch.equal(alpha_from_theta(theta), torch.sigmoid(theta))
+    hc = {"kind": "hard_concrete", "low": -0.1, "high": 1.1}
+    assert alpha_from_theta(theta, hc)[0, 0] == 0 and alpha_from_theta(theta, hc)[0, 2] == 1
+    mask = alpha_from_theta(theta, {"kind": "mask", "threshold": 0.5, "of": None})
+    assert mask.tolist() == [[0.0, 1.0, 1.0]]
+    with pytest.raises(ValueError, match="unknown gate kind"):
+        alpha_from_theta(theta, {"kind": "nope"})
+
+
+def test_sparse_adapters_round_trip_and_bad_gate_is_refused(model, tmp_path):
+    fit = fit_sparse(model, _task(), SparsityConfig("l0", 0.01), t=_t(model), cfg=None)
+    path = save_adapter(fit.adapter, tmp_path / "a")
+    back = load_adapter(path)
+    assert torch.equal(back.alpha, fit.alpha)
+    masked = load_adapter(save_adapter(fit.mask_adapter(), tmp_path / "m"))
+    assert torch.equal(masked.alpha.bool(), fit.mask())
+    bad = fit.adapter
+    bad.meta["gate"] = {"kind": "hard_concrete"}  # no stretch
+    save_adapter(bad, tmp_path / "bad")
+    with pytest.raises(AdapterError, match="meta.gate"):
+        load_adapter(tmp_path / "bad")
+
+
+def test_sparse_path_is_warm_started_and_checks_weights(model):
+    from site_lens.config import EmbeddingConfig, SiteConfig
+    from site_lens.methods.site import fit_site
+
+    task = _task()
+    cfg = SiteConfig(
+        embedding=EmbeddingConfig(n_prompts=3, n_shots=2), selection=SelectionConfig(steps=10, eval_every=5)
+    )
+    dense = fit_site(model, task, cfg).adapter
+    fits = sparse_path(model, task, [0.0, 0.5], dense, "l1", steps=5, cfg=cfg)
+    assert [f.sparsity.weight for f in fits] == [0.0, 0.5]
+    assert all(len(f.history.step) == 5 for f in fits)
+    assert fits[1].alpha.sum() < fits[0].alpha.sum()
+    with pytest.raises(ConfigError, match="increasing"):
+        sparse_path(model, task, [0.5, 0.1], dense)
+
+
+def test_sparsity_config_checks():
+    with pytest.raises(ConfigError, match="penalty"):
+        SparsityConfig("l2")
+    with pytest.raises(ConfigError, match="weight"):
+        SparsityConfig("l1", -1.0)
+    with pytest.raises(ConfigError, match="weight"):
+        SparsityConfig("l1", math.inf)
+    with pytest.raises(ConfigError, match="threshold"):
+        SparsityConfig("l0", 0.1, threshold=1.0)
+
+
+def test_l0_needs_the_fast_path(model):
+    with pytest.raises(ConfigError, match="fast path"):
+        SparseTrainer(model, _t(model), SelectionConfig(fast=False), SparsityConfig("l0", 0.1))
+
+
+def test_gate_defaults_are_site():
+    g = AlphaGate(2, 3)
+    assert torch.equal(g.train_alpha(), g.alpha()) and g.spec() is None
+    assert torch.allclose(g.open_heads(), g.alpha().sum())
