@@ -256,14 +256,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
     p.add_argument("--out", default="runs/sparse", help="output folder (default runs/sparse)")
     p.add_argument("--penalties", type=comma_list, default=["l0", "l1"], help="l0, l1 or both (default l0,l1)")
-    p.add_argument("--weights-l0", type=float_list, default=list(SPARSE_WEIGHTS["l0"]), help=f"l0 weights, nats per open head (default {','.join(map(str, SPARSE_WEIGHTS['l0']))})")
-    p.add_argument("--weights-l1", type=float_list, default=list(SPARSE_WEIGHTS["l1"]), help=f"l1 weights (default {','.join(map(str, SPARSE_WEIGHTS['l1']))})")
-    p.add_argument("--path-steps", type=int, default=100, help="steps per weight along the warm-started path (default 100)")
-    p.add_argument("--ks", type=int_list, default=list(K_GRID), help=f"k grid of the rankings, plus every head (default {','.join(map(str, K_GRID))})")
+    p.add_argument(
+        "--weights-l0",
+        type=float_list,
+        default=list(SPARSE_WEIGHTS["l0"]),
+        help=f"l0 weights, nats per open head (default {','.join(map(str, SPARSE_WEIGHTS['l0']))})",
+    )
+    p.add_argument(
+        "--weights-l1",
+        type=float_list,
+        default=list(SPARSE_WEIGHTS["l1"]),
+        help=f"l1 weights (default {','.join(map(str, SPARSE_WEIGHTS['l1']))})",
+    )
+    p.add_argument(
+        "--path-steps", type=int, default=100, help="steps per weight along the warm-started path (default 100)"
+    )
+    p.add_argument(
+        "--ks",
+        type=int_list,
+        default=list(K_GRID),
+        help=f"k grid of the rankings, plus every head (default {','.join(map(str, K_GRID))})",
+    )
     p.add_argument("--draws", type=int, default=2, help="random k-sets per k (default 2)")
-    p.add_argument("--score-valid", type=positive_int_or_all, default=100, metavar="N|all", help="valid items that score the head sets, to choose k, weight and threshold (default 100)")
-    p.add_argument("--rankings-seeds", type=seed_list, default=None, help="seeds that also score the rankings and random sets (default: all)")
-    p.add_argument("--shared", action="store_true", help="also train one alpha over all the tasks (first seed's t per task)")
+    p.add_argument(
+        "--score-valid",
+        type=positive_int_or_all,
+        default=100,
+        metavar="N|all",
+        help="valid items that score the head sets, to choose k, weight and threshold (default 100)",
+    )
+    p.add_argument(
+        "--rankings-seeds",
+        type=seed_list,
+        default=None,
+        help="seeds that also score the rankings and random sets (default: all)",
+    )
+    p.add_argument(
+        "--shared", action="store_true", help="also train one alpha over all the tasks (first seed's t per task)"
+    )
     p.add_argument("--redo", action="store_true", help="recompute finished (task, seed) folders")
 
     p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")

@@ -193,7 +193,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .pipeline import predict
     from .tasks import TaskError, format_query
 
-    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)  # bad values fail now
+    cfg = EvalConfig(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None
+    )  # bad values fail now
     adapter = load_adapter(args.adapter)
     if args.out and Path(args.out).is_dir():
         raise TaskError(f"--out {args.out} is a folder; give a file name")
@@ -284,15 +286,29 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
 def cmd_sparsify(args: argparse.Namespace) -> int:
     """Minimal head sets per (task, seed), resumable; then OUT/summary.{csv,md} (and OUT/shared/ with --shared)."""
     from . import bench
-    from .config import site_config_from_args
+    from .config import ConfigError, SiteConfig, site_config_from_args
     from .models import load_model
-    from .sweep import is_done, markdown_table, minimal_sets, summarise_minimal, write_minimal
-    from .tasks import load_task
+    from .sweep import (
+        average_minimal,
+        is_done,
+        markdown_table,
+        minimal_sets,
+        settings_differ,
+        summarise_minimal,
+        write_minimal,
+    )
+    from .tasks import TaskError, load_task
 
     cfg = site_config_from_args(args)
     tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
     seeds = args.seeds or [cfg.seed]
+    bad = [p for p in args.penalties if p not in ("l0", "l1")]
+    if bad or not args.penalties:
+        raise ConfigError(f"unknown penalty {', '.join(map(repr, bad)) or '(none given)'}; use l0, l1 or l0,l1")
     weights = {p: w for p, w in (("l0", args.weights_l0), ("l1", args.weights_l1)) if p in args.penalties}
+    for p, ws in weights.items():
+        if ws != sorted(ws) or min(ws) < 0:
+            raise ConfigError(f"--weights-{p} must be numbers >= 0 in increasing order, got {','.join(map(str, ws))}")
     out = Path(args.out)
     check_writable(out)
     model = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -300,14 +316,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
         task = load_task(name, args.data)
         for seed in seeds:
             folder = out / name / f"seed{seed}"
-            if is_done(folder) and not args.redo:
-                print(f"{name} seed {seed}: done already ({folder})", flush=True)
-                continue
-            t0 = time.perf_counter()
-            result = minimal_sets(
-                model,
-                task,
-                seed,
+            settings = dict(
                 weights=weights,
                 path_steps=args.path_steps,
                 ks=args.ks,
@@ -315,8 +324,17 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                 rankings=args.rankings_seeds is None or seed in args.rankings_seeds,
                 max_valid=args.score_valid,
                 max_test=cfg.eval.max_test if cfg.eval else 100,
-                cfg=site_config_from_args(args),
             )
+            if is_done(folder) and not args.redo:
+                recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(args.ks)}
+                recorded["config"] = SiteConfig.from_dict({**cfg.to_dict(), "seed": seed}).to_dict()
+                differ = settings_differ(folder, recorded)
+                if differ:
+                    raise TaskError(f"{folder} was made with other {', '.join(differ)}; use --redo or another --out")
+                print(f"{name} seed {seed}: done already ({folder})", flush=True)
+                continue
+            t0 = time.perf_counter()
+            result = minimal_sets(model, task, seed, cfg=site_config_from_args(args), **settings)
             write_minimal(result, folder)
             sizes = ", ".join(f"{s['penalty']} w={s['weight']:g}: {s['n_mask']}" for s in result.info["sparse"])
             print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; heads in the masks: {sizes}", flush=True)
@@ -325,13 +343,31 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
         run_shared(model, out, [load_task(n, args.data) for n in tasks], seeds[0], cfg)
         print(f"wrote {out / 'shared'}")
-    table = summarise_minimal(out)
     from .io import write_text_atomic
 
+    table = summarise_minimal(out)
+    average = average_minimal(table)
     write_text_atomic(out / "summary.csv", table.to_csv(index=False))
-    write_text_atomic(out / "summary.md", markdown_table(table))
+    write_text_atomic(out / "summary_average.csv", average.to_csv(index=False))
+    md = "## Per task\n\n" + markdown_table(table) + "\n## Over tasks\n\n" + markdown_table(average)
+    write_text_atomic(out / "summary.md", md)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}")
+    print(average.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if (out / "shared" / "scores.csv").is_file():
+        from .sweep import summarise_shared
+
+        shared, heads = summarise_shared(out)
+        write_text_atomic(out / "shared" / "summary.csv", shared.to_csv(index=False))
+        md += (
+            "\n## One alpha for every task\n\n"
+            + markdown_table(shared)
+            + "\n"
+            + "".join(f"- {k}: {v}\n" for k, v in heads.items())
+        )
+        write_text_atomic(out / "summary.md", md)
+        print(shared.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(heads)
+    print(f"wrote {out / 'summary.csv'}, {out / 'summary_average.csv'}, {out / 'summary.md'}")
     return 0
 
 
@@ -370,7 +406,9 @@ def cmd_figures(args: argparse.Namespace) -> int:
     from .tasks import TaskError
 
     if not args.runs and not args.bench and not args.sparse:
-        raise TaskError("nothing to draw: give --runs DIR (run folders), --bench DIR[,DIR] (bench folders) or --sparse DIR")
+        raise TaskError(
+            "nothing to draw: give --runs DIR (run folders), --bench DIR[,DIR] (bench folders) or --sparse DIR"
+        )
     dirs = [Path(d) for d in args.bench or []]
     missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
     if missing:

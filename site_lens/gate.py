@@ -86,7 +86,13 @@ class HardConcreteGate(AlphaGate):
     """
 
     def __init__(
-        self, n_layers: int, n_heads: int, theta_init: float = 0.0, beta: float = 2 / 3, low: float = -0.1, high: float = 1.1
+        self,
+        n_layers: int,
+        n_heads: int,
+        theta_init: float = 0.0,
+        beta: float = 2 / 3,
+        low: float = -0.1,
+        high: float = 1.1,
     ):
         super().__init__(n_layers, n_heads, theta_init)
         if not (beta > 0 and low < 0 and high > 1):
@@ -116,7 +122,9 @@ def stretch_clip(s: Tensor, low: float, high: float) -> Tensor:
 GATE_KINDS = ("sigmoid", "hard_concrete", "mask")
 
 
-def alpha_from_theta(theta: Float[Tensor, "layer head_index"], spec: dict | None = None) -> Float[Tensor, "layer head_index"]:
+def alpha_from_theta(
+    theta: Float[Tensor, "layer head_index"], spec: dict | None = None
+) -> Float[Tensor, "layer head_index"]:
     """alpha for saved gate logits: sigmoid (SITE, ``spec`` None), a hard-concrete gate, or a binary mask of either.
 
     ``{"kind": "mask", "threshold": x, "of": inner}`` is 1 where the inner gate's alpha exceeds x, else 0.

@@ -8,7 +8,7 @@ accuracy and the answer's first-token probability.
 
     sets = ranking_sets(dense.alpha, ks, "dense_alpha") + ranking_sets(cie, ks, "cie")
     sets += random_sets(dense.alpha.shape, ks, draws=3, seed=0) + sparse_sets(fits)
-    df = score_head_sets(model, task, dense.t, sets, "valid", reference=dense.alpha)
+    df = score_head_sets(model, task, dense.t, sets, "valid")
     df = add_recovery(df)        # 0 = zero-shot, 1 = dense SITE, per split and seed
     smallest_k(valid_df, test_df)
 
@@ -126,6 +126,8 @@ def score_head_sets(
     than the reference). Zero-shot and the gates share the prompts.
     """
     pairs = task.split(split)[:max_items]
+    if not pairs:
+        raise ValueError(f"task '{task.name}' has no {split} items to score head sets on")
     prompts = zero_shot_prompts(pairs)
     tokens = encode(model, [p for p, _ in prompts])
     targets = torch.tensor([answer_ids(model, p, a)[0] for p, a in prompts])
@@ -209,6 +211,11 @@ def _curve(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     return g.agg(value=(metric, "mean"), exact_match=("exact_match", "mean"), n=("n", "first"))
 
 
+SMALLEST_FIELDS = (
+    "k", "weight", "threshold", "valid_value", "test_value", "test_exact_match", "test_em_low", "test_em_high", "n_test",
+)  # fmt: skip
+
+
 def smallest_k(
     valid: pd.DataFrame,
     test: pd.DataFrame,
@@ -220,7 +227,8 @@ def smallest_k(
 
     ``valid`` and ``test`` are one task and seed, with recovery (``add_recovery``). Sparse
     methods choose among their (weight, threshold) masks; rankings and random among k.
-    ``k`` is None where no set reaches the target on valid.
+    Every field is None where no set reaches the target on valid. For random sets the test
+    numbers are the mean over the draws of that k.
     """
     rows = []
     vb, tb = valid[valid["mode"] == "binary"], test[test["mode"] == "binary"]
@@ -228,7 +236,7 @@ def smallest_k(
     for m in methods:
         cv, ct = _curve(vb[vb.method == m], metric), _curve(tb[tb.method == m], metric)
         hit = cv[cv.value >= target].sort_values(["k", "weight", "threshold"])
-        row = {"method": m, "target": target, "metric": metric, "k": None}
+        row: dict = {"method": m, "target": target, "metric": metric, **dict.fromkeys(SMALLEST_FIELDS)}
         if len(hit):
             best = hit.iloc[0]
             sel = (ct.k == best.k) & (ct.weight == best.weight) & (ct.threshold == best.threshold)

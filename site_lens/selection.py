@@ -48,7 +48,7 @@ class AlphaTrainer:
         self.cfg = cfg or SelectionConfig()
         self.seed = seed
         self.t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
-        self.gate = gate or AlphaGate(model.cfg.n_layers, model.cfg.n_heads, self.cfg.theta_init)
+        self.gate = gate if gate is not None else AlphaGate(model.cfg.n_layers, model.cfg.n_heads, self.cfg.theta_init)
         self.gate.to(model.cfg.device)
         self.generator: torch.Generator | None = None  # noise of a stochastic gate's training alpha
         self.history = TrainHistory()
@@ -94,7 +94,7 @@ class AlphaTrainer:
         return self._penalised(cache.loss(indices, alpha, self.t))
 
     def valid_loss(self, valid: Sequence[Example]) -> float:
-        """Mean first-token CE of ``valid`` under the current gate (whole prompts, no gradient)."""
+        """Mean first-token CE of ``valid`` under the current gate, plus ``penalty()`` (whole prompts, no gradient)."""
         with torch.no_grad():
             return float(self.loss_naive(valid))
 

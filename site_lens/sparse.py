@@ -1,7 +1,7 @@
 """Sparse SITE: SITE's loss plus a price on every head the gate opens.
 
     fit = fit_sparse(model, task, SparsityConfig("l0", weight=0.01), t=dense.adapter.t)
-    fit.mask                                  # the heads left after thresholding, (layer, head) bool
+    fit.mask()                                # the heads left after thresholding, (layer, head) bool
     path = sparse_path(model, task, [0.001, 0.003, 0.01], dense=dense.adapter)   # warm-started sweep
 
 Two penalties, each ``weight`` nats per open head added to the first-token loss:

@@ -9,7 +9,7 @@ of every head against that t; a warm-started sparse path per penalty; then
 every head set (zero-shot, dense SITE, each sparse gate soft and as binary
 masks, the top-k by dense alpha and by CIE, random k-sets) scored on valid
 and test the same way (``minimal.score_head_sets``). Rankings are scored on a
-k grid and at every k a sparse mask reached, so comparisons are at matched k.
+k grid and at every k an L0 mask reached, so comparisons are at matched k.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,8 +79,7 @@ def minimal_sets(
     cfg: SiteConfig | None = None,
 ) -> MinimalResult:
     """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc)."""
-    cfg = cfg or SiteConfig(seed=seed)
-    cfg.seed = seed
+    cfg = SiteConfig.from_dict({**(cfg or SiteConfig()).to_dict(), "seed": seed})
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     dense = fit_site(model, task, cfg).adapter
@@ -130,6 +130,7 @@ def minimal_sets(
         "path_steps": path_steps,
         "ks": list(ks),
         "draws": draws,
+        "rankings": rankings,
         "thresholds": list(thresholds),
         "max_valid": max_valid,
         "max_test": max_test,
@@ -147,15 +148,46 @@ def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / DONE_FILE).unlink(missing_ok=True)  # unfinished until the end, also when redone
+    (folder / "cie.safetensors").unlink(missing_ok=True)
     save_adapter(result.dense, folder / "adapter")
+
+    def save(tensors: dict, name: str) -> None:
+        tmp = folder / f".{name}.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, folder / name)
+
     if result.cie is not None:
-        save_file({"cie": result.cie.float().contiguous()}, str(folder / "cie.safetensors"))
-    thetas = {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)}
-    save_file(thetas, str(folder / "sparse.safetensors"))
+        save({"cie": result.cie.float().contiguous()}, "cie.safetensors")
+    # one theta per sparse point, named PENALTY_INDEX in the order of minimal.json's "sparse" list
+    save(
+        {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)},
+        "sparse.safetensors",
+    )
     write_text_atomic(folder / "scores.csv", result.scores.to_csv(index=False))
     write_text_atomic(folder / "smallest_k.csv", result.smallest.to_csv(index=False))
     write_json_atomic(folder / DONE_FILE, result.info)
     return folder
+
+
+SETTINGS = (
+    "weights",
+    "path_steps",
+    "ks",
+    "draws",
+    "rankings",
+    "thresholds",
+    "max_valid",
+    "max_test",
+    "target",
+    "config",
+)
+
+
+def settings_differ(folder: str | Path, requested: dict) -> list[str]:
+    """The settings (``SETTINGS`` keys of ``requested``) a finished folder was made with differently."""
+    info = json.loads((Path(folder) / DONE_FILE).read_text())
+    return [k for k in SETTINGS if k in requested and k in info and info[k] != requested[k]]
 
 
 def is_done(folder: str | Path) -> bool:
@@ -348,3 +380,79 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines) + "\n"
+
+
+def average_minimal(table: pd.DataFrame, min_gain: float = 0.1) -> pd.DataFrame:
+    """Per method, over tasks (``summarise_minimal``'s rows): where SITE gains >= ``min_gain`` and apart where it does not.
+
+    ``k_median`` counts a task whose method never reached the target as infinitely many heads
+    (so the median says "not reached" when most did not); ``test_recovery`` averages the tasks
+    that reached it.
+    """
+    rows = []
+    for group, sub in (
+        (f"gain >= {min_gain:.1f}", table[table.site_gain_em >= min_gain]),
+        (f"gain < {min_gain:.1f}", table[table.site_gain_em < min_gain]),
+    ):
+        for method, g in sub.groupby("method", sort=False):
+            ks = g.k_median.fillna(float("inf"))
+            med = float(ks.median()) if len(ks) else float("nan")
+            rows.append(
+                {
+                    "tasks": group,
+                    "method": method,
+                    "n_tasks": len(g),
+                    "reached": int(g.k_median.notna().sum()),
+                    "k_median": med,
+                    "test_recovery": float(g.test_recovery.mean()) if g.test_recovery.notna().any() else float("nan"),
+                    "seed_jaccard": float(g.seed_jaccard.mean())
+                    if "seed_jaccard" in g and g.seed_jaccard.notna().any()
+                    else float("nan"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def summarise_shared(root: str | Path, method: str = "sparse_l0") -> tuple[pd.DataFrame, dict]:
+    """Per task: its own SITE against the shared gate (soft and as a mask); and which heads the tasks share.
+
+    The dict gives the shared gate's open heads (alpha > 0.5) and, over the tasks' valid-chosen
+    ``method`` sets of the shared seed, the heads every task keeps and those at least half keep.
+    """
+    root = Path(root)
+    scores = pd.read_csv(root / "shared" / "scores.csv")
+    info = json.loads((root / "shared" / "shared.json").read_text())
+    rows = []
+    for task, g in scores.groupby("task", sort=False):
+
+        def get(m: str, mode: str, g: pd.DataFrame = g) -> pd.Series:
+            return g[(g.method == m) & (g["mode"] == mode)].iloc[0]
+
+        site, soft, mask = get("site", "soft"), get("shared", "soft"), get("shared", "binary")
+        rows.append(
+            {
+                "task": task,
+                "zero_shot_em": float(get("zero_shot", "binary").exact_match),
+                "site_em": float(site.exact_match),
+                "shared_em": float(soft.exact_match),
+                "shared_mask_em": float(mask.exact_match),
+                "shared_mask_k": int(mask.k),
+                "n": int(site.n),
+            }
+        )
+    table = pd.DataFrame(rows)
+    all_scores, small = read_minimal(root)
+    sets = chosen_sets(all_scores, small, method)
+    sets = sets[sets.seed == info["seed"]]
+    heads = [parse_heads(h) for h in sets.heads]
+    counts: dict = {}
+    for hs in heads:
+        for h in hs:
+            counts[h] = counts.get(h, 0) + 1
+    shared_heads = {
+        "shared_gate_open": info["n_open"],
+        "tasks_with_a_chosen_set": len(heads),
+        "kept_by_every_task": sorted(h for h, c in counts.items() if c == len(heads)) if heads else [],
+        "kept_by_half_the_tasks": sorted(h for h, c in counts.items() if 2 * c >= len(heads)) if heads else [],
+    }
+    return table, shared_heads

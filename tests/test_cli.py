@@ -212,5 +212,10 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     assert set(summary.task) == {"up", "rev"}
     assert main(argv) == 0  # resumed: nothing recomputed
     assert "done already" in capsys.readouterr().out
+    changed = [*argv[: argv.index("--ks") + 1], "1,2", *argv[argv.index("--ks") + 2 :]]
+    assert main(changed) == 2  # other settings than the finished folders': refused, nothing mixed
+    assert "made with other ks" in capsys.readouterr().err
+    assert main([*argv, "--penalties", "l2"]) == 2
+    assert "unknown penalty" in capsys.readouterr().err
     assert main(["figures", "--sparse", str(out), "--out", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "fig" / "minimal_k_recovery_em.html").is_file()

@@ -1,7 +1,7 @@
 """The code in README.md, docs/ and BENCHMARKS.md runs as written.
 
 Python blocks are executed (in a temporary folder); a block whose first line says it
-needs the Hugging Face hub is only compiled. Shell blocks are checked without running
+needs the Hugging Face hub or a data folder (and minutes of CPU) is only compiled. Shell blocks are checked without running
 the heavy commands: every ``site-lens ...`` command must parse with the real argument
 parser, every ``make`` target must exist, every script named must exist.
 """
@@ -46,7 +46,8 @@ def _slow(code: str) -> bool:
 )
 def test_python_blocks_run(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    if "needs the Hugging Face hub" in code.splitlines()[0]:
+    first = code.splitlines()[0]
+    if "needs the Hugging Face hub" in first or "needs a data folder" in first:
         compile(code, "<doc>", "exec")
         return
     exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_block__"})  # noqa: S102 (the documented code is the test)

@@ -47,23 +47,25 @@ def test_a_mask_of_every_head_is_alpha_one_everywhere(model):
 
 
 def test_scores_match_a_direct_generation(model):
-    task, t = _task(), _t(model)
+    """Exact match, first-token accuracy and probability equal a direct generation's, on answers half of which it gets."""
+    t = _t(model)
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     alpha = torch.rand(shape, generator=torch.Generator().manual_seed(0))
-    df = score_head_sets(model, task, t, [HeadSet("x", alpha, 8, mode="soft")], "test", max_new_tokens=3)
-    prompts = zero_shot_prompts(task.test)
-    new, _ = generate_greedy(
-        model,
-        encode(model, [p for p, _ in prompts]),
-        max_new_tokens=3,
-        prefill_hooks=lambda last: injection_hooks(model, t, alpha, last),
-    )
-    preds = [model.tokenizer.decode(n) for n in new]
+    prompts = [f"Q: {w}\nA:" for w in WORDS]
+    hooks = lambda last: injection_hooks(model, t, alpha, last)  # noqa: E731
+    new, first = generate_greedy(model, encode(model, prompts), max_new_tokens=6, prefill_hooks=hooks)
+    own = [model.tokenizer.decode(n).strip()[:2] for n in new]
+    answers = [(o if i % 2 == 0 and o else "qq") for i, o in enumerate(own)]  # the model's own start, or not
+    task = Task("own", [("x", "y")] * 4, [("x", "y")], list(zip(WORDS, answers)))
+    df = score_head_sets(model, task, t, [HeadSet("x", alpha, 8, mode="soft")], "test", max_new_tokens=6)
     from site_lens.metrics import exact_match
 
-    want = sum(exact_match(p, a, bool(task.case_sensitive)) for p, (_, a) in zip(preds, prompts)) / len(prompts)
+    want = sum(exact_match(model.tokenizer.decode(n), a, bool(task.case_sensitive)) for n, a in zip(new, answers)) / len(WORDS)
+    assert 0 < want < 1
     assert df.exact_match.iloc[0] == pytest.approx(want)
-    assert df.n.iloc[0] == len(task.test)
+    targets = torch.tensor([encode(model, [p + (" " + a)])[0][len(encode(model, [p])[0])] for p, a in zip(prompts, answers)])
+    assert df.first_token_acc.iloc[0] == pytest.approx(float((first.argmax(-1) == targets).float().mean()))
+    assert df.n.iloc[0] == len(WORDS)
 
 
 def test_zero_set_is_zero_shot_and_recovery_ends(model):
@@ -160,9 +162,11 @@ def test_gates_over_shared_prefixes_match_generate_greedy(gemma_like):
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     alphas = [torch.zeros(shape), torch.rand(shape, generator=torch.Generator().manual_seed(3)), torch.ones(shape)]
     got = list(generate_under_gates(model, prompts, t, alphas, max_new_tokens=5, batch_size=4))
-    for alpha, (new, first) in zip(alphas, got):
+    cut = list(generate_under_gates(model, prompts, t, alphas, max_new_tokens=5, finished=lambda i, toks: len(toks) >= i % 4 + 1))
+    for alpha, (new, first), (short, _) in zip(alphas, got, cut):
         want_new, want_first = generate_greedy(
             model, prompts, max_new_tokens=5, prefill_hooks=lambda last, a=alpha: injection_hooks(model, t, a, last)
         )
         assert new == want_new
         assert torch.allclose(first, want_first, atol=1e-4, rtol=1e-4)
+        assert short == [w[: i % 4 + 1] for i, w in enumerate(want_new)]  # rows stopped early, the rest unchanged

@@ -125,6 +125,12 @@ def test_sparse_path_is_warm_started_and_checks_weights(model):
     assert fits[1].alpha.sum() < fits[0].alpha.sum()
     with pytest.raises(ConfigError, match="increasing"):
         sparse_path(model, task, [0.5, 0.1], dense)
+    # zero steps: each path starts exactly where dense SITE ended (in its gate's parameterisation)
+    (l1,) = sparse_path(model, task, [0.0], dense, "l1", steps=0, cfg=cfg)
+    (l0,) = sparse_path(model, task, [0.0], dense, "l0", steps=0, cfg=cfg)
+    assert torch.equal(l1.adapter.theta, dense.theta)
+    assert torch.equal(l0.adapter.theta, hard_concrete_theta(dense.theta))
+    assert torch.allclose(l0.alpha, dense.alpha, atol=1e-6)
 
 
 def test_sparsity_config_checks():
