@@ -288,15 +288,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from . import bench
     from .config import ConfigError, SiteConfig, site_config_from_args
     from .models import load_model
-    from .sweep import (
-        average_minimal,
-        is_done,
-        markdown_table,
-        minimal_sets,
-        settings_differ,
-        summarise_minimal,
-        write_minimal,
-    )
+    from .sweep import is_done, minimal_sets, settings_differ, write_minimal, write_summaries
     from .tasks import TaskError, load_task
 
     cfg = site_config_from_args(args)
@@ -343,31 +335,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
         run_shared(model, out, [load_task(n, args.data) for n in tasks], seeds[0], cfg)
         print(f"wrote {out / 'shared'}")
-    from .io import write_text_atomic
-
-    table = summarise_minimal(out)
-    average = average_minimal(table)
-    write_text_atomic(out / "summary.csv", table.to_csv(index=False))
-    write_text_atomic(out / "summary_average.csv", average.to_csv(index=False))
-    md = "## Per task\n\n" + markdown_table(table) + "\n## Over tasks\n\n" + markdown_table(average)
-    write_text_atomic(out / "summary.md", md)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(average.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    if (out / "shared" / "scores.csv").is_file():
-        from .sweep import summarise_shared
-
-        shared, heads = summarise_shared(out)
-        write_text_atomic(out / "shared" / "summary.csv", shared.to_csv(index=False))
-        md += (
-            "\n## One alpha for every task\n\n"
-            + markdown_table(shared)
-            + "\n"
-            + "".join(f"- {k}: {v}\n" for k, v in heads.items())
-        )
-        write_text_atomic(out / "summary.md", md)
-        print(shared.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print(heads)
-    print(f"wrote {out / 'summary.csv'}, {out / 'summary_average.csv'}, {out / 'summary.md'}")
+    print(write_summaries(out))
+    print(f"wrote {out}/summary.md and its CSV tables")
     return 0
 
 

@@ -456,3 +456,24 @@ def summarise_shared(root: str | Path, method: str = "sparse_l0") -> tuple[pd.Da
         "kept_by_half_the_tasks": sorted(h for h, c in counts.items() if 2 * c >= len(heads)) if heads else [],
     }
     return table, shared_heads
+
+
+def write_summaries(root: str | Path) -> str:
+    """summary.md (per task and over tasks, on exact match and on answer probability; the shared gate) and CSVs."""
+    root = Path(root)
+    md = ""
+    for metric, suffix in (("recovery_em", ""), ("recovery_prob", "_prob")):
+        table = summarise_minimal(root, metric)
+        average = average_minimal(table)
+        write_text_atomic(root / f"summary{suffix}.csv", table.to_csv(index=False))
+        write_text_atomic(root / f"summary_average{suffix}.csv", average.to_csv(index=False))
+        what = "exact match" if metric == "recovery_em" else "answer probability"
+        md += f"## Recovery of {what}: over tasks\n\n" + markdown_table(average)
+        md += f"\n## Recovery of {what}: per task\n\n" + markdown_table(table) + "\n"
+    if (root / "shared" / "scores.csv").is_file():
+        shared, heads = summarise_shared(root)
+        write_text_atomic(root / "shared" / "summary.csv", shared.to_csv(index=False))
+        md += "## One alpha for every task\n\n" + markdown_table(shared) + "\n"
+        md += "".join(f"- {k}: {v}\n" for k, v in heads.items())
+    write_text_atomic(root / "summary.md", md)
+    return md

@@ -202,7 +202,8 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     ]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "heads in the masks" in text and (out / "summary.csv").is_file() and (out / "shared" / "scores.csv").is_file()
+    assert "heads in the masks" in text and (out / "summary.csv").is_file() and (out / "shared" / "summary.csv").is_file()
+    assert (out / "summary_average_prob.csv").is_file() and "One alpha for every task" in (out / "summary.md").read_text()
     import pandas as pd
 
     scores = pd.read_csv(out / "up" / "seed0" / "scores.csv")
