@@ -100,9 +100,7 @@ class HookedBackend:
         cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, tokens.shape[0])
         self.model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
         # (batch, pos, kv_head, d_head) stored as (batch, kv_head, pos, d_head) views, the Prefix layout
-        return Prefix(
-            [e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries]
-        )
+        return Prefix([e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries])
 
     def _frozen(self, prefix: Prefix, batch: int) -> TransformerLensKeyValueCache:
         model = self.model
@@ -205,9 +203,7 @@ class HookedDecoder:
         """Next greedy token of every row (finished rows too; the caller ignores them)."""
         one = nxt[:, None]
         zero = torch.zeros(len(nxt), dtype=torch.long, device=nxt.device)
-        return last_logits(self.model, one, zero, attention_mask=torch.ones_like(one), past_kv_cache=self.cache).argmax(
-            -1
-        )
+        return last_logits(self.model, one, zero, attention_mask=torch.ones_like(one), past_kv_cache=self.cache).argmax(-1)
 
 
 class PackedDecoder:
@@ -258,9 +254,7 @@ def packed_blocker(model: HookedTransformer) -> str | None:
     """Why the packed backend cannot run this model (None when it can, before the probe check)."""
     arch = model.cfg.original_architecture
     if arch not in PACKED_ARCHITECTURES:
-        return (
-            f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
-        )
+        return f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
     return unsupported(model)
 
 
@@ -309,9 +303,7 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
             packed = PackedBackend(model)
             err = probe_check(model, packed)
             if err <= PROBE_TOL:
-                packed.reason = (
-                    f"{model.cfg.original_architecture}, agrees with the hooked model to {err:.1e} on a probe prompt"
-                )
+                packed.reason = f"{model.cfg.original_architecture}, agrees with the hooked model to {err:.1e} on a probe prompt"
                 choice.packed = packed
             else:
                 choice.why_not = f"packed weights differ from the hooked model by {err:.1e} on a probe prompt"
@@ -351,11 +343,7 @@ class PromptCache:
     """
 
     def __init__(
-        self,
-        model: HookedTransformer,
-        examples: Sequence[Example],
-        batch_size: int = 32,
-        backend: Backend | None = None,
+        self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None
     ):
         if any(len(e.tokens) < 2 for e in examples):
             raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
@@ -374,10 +362,7 @@ class PromptCache:
                 self.where[i] = (length, row)
             parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
             self.prefixes[length] = Prefix.cat(
-                [
-                    self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device))
-                    for part in parts
-                ]
+                [self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device)) for part in parts]
             )
 
     def __len__(self) -> int:
@@ -405,9 +390,7 @@ class PromptCache:
             rows = torch.tensor([self.where[i][1] for i in idx], device=device)
             last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
             a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
-            out.append(
-                (idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits))
-            )
+            out.append((idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits)))
         return out
 
     def loss(

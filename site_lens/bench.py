@@ -106,13 +106,8 @@ def remove_stale_temps(out: Path) -> int:
 
 # Which settings each method's numbers depend on, beyond the model and the scoring caps
 # (batch sizes and the backend change no result and are left out).
-_EMBEDDING_USERS = {
-    "site": ("n_prompts", "n_shots"),
-    "fv": ("n_prompts", "n_shots"),
-    "tv": ("n_prompts", "n_shots"),
-    "mtv": ("n_prompts", "n_shots"),
-    "icl": ("n_shots",),
-}
+_EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
+                    "mtv": ("n_prompts", "n_shots"), "icl": ("n_shots",)}
 _SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast")
 
 
@@ -122,11 +117,7 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
     Settings at their defaults are left out, so folders from before settings were recorded resume.
     """
     assert cfg.embedding is not None and cfg.selection is not None and cfg.eval is not None
-    spec: dict[str, Any] = {
-        "model": model_name,
-        "max_test": cfg.eval.max_test,
-        "max_new_tokens": cfg.eval.max_new_tokens,
-    }
+    spec: dict[str, Any] = {"model": model_name, "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
     default = SiteConfig()
     changed: dict[str, Any] = {}
     if not cfg.eval.stop_at_newline:
@@ -223,14 +214,7 @@ def run_bench(
     for name in tasks:
         task = load_task(name, data_dir=data_dir)
         for seed in seeds:
-            todo = [
-                m
-                for m in methods
-                if not is_done(
-                    row_path(out, name, seed, m),
-                    row_spec(ident["name"], cfg, m, str(model.cfg.dtype).removeprefix("torch.")),
-                )
-            ]
+            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), row_spec(ident["name"], cfg, m, str(model.cfg.dtype).removeprefix("torch.")))]
             if not todo:
                 log.info("%s seed %d: done, skipped", name, seed)
                 continue

@@ -193,9 +193,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .pipeline import predict
     from .tasks import TaskError, format_query
 
-    cfg = EvalConfig(
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None
-    )  # bad values fail now
+    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)  # bad values fail now
     adapter = load_adapter(args.adapter)
     if args.out and Path(args.out).is_dir():
         raise TaskError(f"--out {args.out} is a folder; give a file name")

@@ -43,9 +43,7 @@ class EmbeddingConfig(_Config):
 
     n_prompts: int = field(default=50, metadata={"flag": "prompts"})  # M: few-shot prompts averaged (paper: 50)
     n_shots: int = field(default=10, metadata={"flag": "shots"})  # N: demonstrations per prompt, also ICL's (paper: 10)
-    batch_size: int = field(
-        default=10, metadata={"flag": "embedding-batch-size"}
-    )  # prompts per forward pass of stage 1 (no effect on the result)
+    batch_size: int = field(default=10, metadata={"flag": "embedding-batch-size"})  # prompts per forward pass of stage 1 (no effect on the result)
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "n_shots", "batch_size"):
@@ -88,9 +86,7 @@ class EvalConfig(_Config):
 
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
-    batch_size: int = field(
-        default=64, metadata={"flag": "eval-batch-size"}
-    )  # queries per generation batch (no effect on the result)
+    batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
     max_test: int | None = 100  # score only the first N test items; 'all' scores every one (default: 100)
 
     def __post_init__(self) -> None:
@@ -197,18 +193,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         else:
             shown = "" if "default" in text else f" (default: {'all' if default is None else default})"
             metavar = "N|all" if "None" in str(f.type) else flag[2:].upper().replace("-", "_")
-            group.add_argument(
-                flag, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown
-            )
+            group.add_argument(flag, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown)
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
     """The config built from the flags ``add_arguments`` made (and ``extra`` fields)."""
-    values = {
-        f.name: getattr(args, f"{cls.__name__}.{f.name}")
-        for f in fields(cls)
-        if hasattr(args, f"{cls.__name__}.{f.name}")
-    }
+    values = {f.name: getattr(args, f"{cls.__name__}.{f.name}") for f in fields(cls) if hasattr(args, f"{cls.__name__}.{f.name}")}
     return cls(**values, **extra)
 
 

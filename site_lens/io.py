@@ -96,10 +96,7 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
     try:
         save_file(
-            {
-                "t": adapter.t.detach().float().cpu().contiguous(),
-                "theta": adapter.theta.detach().float().cpu().contiguous(),
-            },
+            {"t": adapter.t.detach().float().cpu().contiguous(), "theta": adapter.theta.detach().float().cpu().contiguous()},
             str(tmp / WEIGHTS_FILE),
         )
         digest = hashlib.sha256((tmp / WEIGHTS_FILE).read_bytes()).hexdigest()  # a few kB: free

@@ -76,10 +76,7 @@ def unsupported(model: HookedTransformer) -> str | None:
         ((getattr(c, "attn_scores_soft_cap", -1.0) or -1.0) > 0, "attention soft cap"),
         ((getattr(c, "output_logits_soft_cap", -1.0) or -1.0) > 0, "logit soft cap"),
         (getattr(c, "clip_qkv", None) is not None, "Q/K/V clipping"),
-        (
-            any(q is not None and (kind(q) != "RMSNorm" or q.w.shape[-1] != c.d_head) for q in qk),
-            "Q/K norm not per head",
-        ),
+        (any(q is not None and (kind(q) != "RMSNorm" or q.w.shape[-1] != c.d_head) for q in qk), "Q/K norm not per head"),
         (getattr(c, "use_dynamic_ntk_rope", False) or getattr(c, "use_logn_attn", False), "dynamic rotary scaling"),
         (
             any(a != "global" for a in (c.attn_types or [])) and not isinstance(c.window_size, int),
@@ -195,8 +192,7 @@ class LastToken:
         return dict(
             # the pre-norms' weights are folded into the matrices after them: rms(x) * w @ W = rms(x) @ (w[:, None] W)
             eps1=block.ln1.eps,
-            w_qkv=block.ln1.w[:, None]
-            * torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1),  # (d_model, (h + 2 kv) d_head)
+            w_qkv=block.ln1.w[:, None] * torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1),  # (d_model, (h + 2 kv) d_head)
             b_qkv=_nonzero(torch.cat([a.b_Q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)])),
             w_o=a.W_O.reshape(-1, a.W_O.shape[-1]).contiguous(),  # (head d_head, d_model)
             b_o=_nonzero(a.b_O),
@@ -316,12 +312,7 @@ class LastToken:
         return (torch.arange(pos + 1, device=device) > pos - window)[None]  # (1, P + 1), broadcast over rows, heads
 
     def _qkv(
-        self,
-        resid: Tensor,
-        w: dict,
-        cos: Tensor | None = None,
-        sin: Tensor | None = None,
-        rotation: Tensor | None = None,
+        self, resid: Tensor, w: dict, cos: Tensor | None = None, sin: Tensor | None = None, rotation: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The token's q (batch, kv, group, d_head), k and v (batch, kv, 1, d_head); q and k normed and rotated.
 
@@ -348,6 +339,7 @@ class LastToken:
         h = _bias(w["act"](gate) * up, w["b_in"])
         down = _bias(row_matmul(h, w["w_out"]), w["b_out"]) if self.rows else F.linear(h, w["w_out"], w["b_out"])
         return _maybe_rms(down, w["ln2_post"])
+
 
     # ------------------------------------------------------------ greedy decoding
 

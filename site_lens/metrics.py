@@ -55,9 +55,7 @@ def strict_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
     return normalize(pred, case_sensitive) == normalize(target, case_sensitive)
 
 
-def first_token_accuracy(
-    logits: Float[Tensor, "batch d_vocab"], targets: Int[Tensor, " batch"] | Sequence[int]
-) -> float:
+def first_token_accuracy(logits: Float[Tensor, "batch d_vocab"], targets: Int[Tensor, " batch"] | Sequence[int]) -> float:
     """Share of rows whose argmax is the answer's first token."""
     targets = torch.as_tensor(targets, device=logits.device)
     return float((logits.argmax(-1) == targets).float().mean())

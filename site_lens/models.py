@@ -28,14 +28,8 @@ from .convert import PROCESSING_FLAGS, ModelError, finalize, hooked_from_gguf, j
 from .identity import model_identity, register
 
 __all__ = [
-    "EMBEDDED_MODELS",
-    "PROCESSING_FLAGS",
-    "EmbeddedModel",
-    "ModelError",
-    "default_cache_dir",
-    "load_model",
-    "model_identity",
-    "resolve_model_name",
+    "EMBEDDED_MODELS", "PROCESSING_FLAGS", "EmbeddedModel", "ModelError", "default_cache_dir", "load_model",
+    "model_identity", "resolve_model_name",
 ]
 
 log = logging.getLogger(__name__)

@@ -52,16 +52,10 @@ def evaluate(
     from .config import ConfigError
 
     if method not in RUN_METHODS:
-        raise ConfigError(
-            f"unknown method '{method}'; use one of {RUN_METHODS} (or methods.score_method for the others)"
-        )
+        raise ConfigError(f"unknown method '{method}'; use one of {RUN_METHODS} (or methods.score_method for the others)")
     if method == "site" and adapter is None:
         raise ConfigError("method 'site' needs an adapter (from fit_site or load_adapter)")
-    m: Method = (
-        {"zero_shot": ZeroShot, "icl": lambda: ICL(n_shots)}[method]()
-        if method != "site"
-        else Site.from_adapter(adapter)
-    )
+    m: Method = {"zero_shot": ZeroShot, "icl": lambda: ICL(n_shots)}[method]() if method != "site" else Site.from_adapter(adapter)
     return score_method(model, m, task, seed, cfg, split)
 
 

@@ -81,15 +81,13 @@ def detect_case_sensitive(pairs: Sequence[Pair]) -> bool:
 
 def _parse_pairs(raw: Any, where: str) -> list[Pair]:
     if not isinstance(raw, list):
-        raise TaskError(f'{where}: expected a JSON list of {{"input", "output"}} objects, got {type(raw).__name__}')
+        raise TaskError(f"{where}: expected a JSON list of {{\"input\", \"output\"}} objects, got {type(raw).__name__}")
     if not raw:
         raise TaskError(f"{where}: the list of examples is empty")
     pairs: list[Pair] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
-            raise TaskError(
-                f"{where}: item {i} is a {type(item).__name__}, expected an object with keys 'input' and 'output'"
-            )
+            raise TaskError(f"{where}: item {i} is a {type(item).__name__}, expected an object with keys 'input' and 'output'")
         missing = [k for k in ("input", "output") if k not in item]
         if missing:
             raise TaskError(f"{where}: item {i} lacks key(s) {missing} (has {sorted(item)})")
@@ -106,9 +104,7 @@ def _parse_pairs(raw: Any, where: str) -> list[Pair]:
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate ("\ud800"): no tokenizer can encode it
-                raise TaskError(
-                    f"{where}: item {i} '{k}' is not valid Unicode ({e.reason} at character {e.start})"
-                ) from None
+                raise TaskError(f"{where}: item {i} '{k}' is not valid Unicode ({e.reason} at character {e.start})") from None
             vals.append(s)
         if "\n" in vals[1]:
             raise TaskError(f"{where}: item {i} 'output' contains a newline (answers are scored on one line)")
@@ -210,9 +206,7 @@ def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> T
             task = load_task_file(f, name=str(name_or_path))
         task.source = f"builtin:{name_or_path}"
         return task
-    raise TaskError(
-        f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_tasks())}; or pass --data DIR or a path"
-    )
+    raise TaskError(f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_tasks())}; or pass --data DIR or a path")
 
 
 # The FV suite's categories (Todd et al., 2024): abstractive tasks generate, extractive ones pick from the input.

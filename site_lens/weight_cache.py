@@ -79,12 +79,7 @@ def save(entry: Path, model: HookedTransformer, digest: str) -> None:
         save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS_FILE))
         model.tokenizer.save_pretrained(str(tmp / "tokenizer"))
         cfg = {k: v for k, v in model.cfg.to_dict().items() if _jsonable(v)}
-        meta = {
-            "cache_version": CACHE_VERSION,
-            "source_sha256": digest,
-            "weights": fingerprint(tmp / WEIGHTS_FILE),
-            "cfg": cfg,
-        }
+        meta = {"cache_version": CACHE_VERSION, "source_sha256": digest, "weights": fingerprint(tmp / WEIGHTS_FILE), "cfg": cfg}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         if entry.exists():
             shutil.rmtree(entry)

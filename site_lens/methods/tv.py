@@ -58,10 +58,7 @@ class TaskVector(Method):
         _, valid = train_valid_examples(model, task)
         vecs = self.vectors.to(device=model.cfg.device, dtype=model.cfg.dtype)
         self.layer, losses = choose_layer(
-            model,
-            valid[: self.max_valid],
-            lambda layer: lambda r: vecs[layer].expand_as(r),
-            list(range(model.cfg.n_layers)),
+            model, valid[: self.max_valid], lambda layer: lambda r: vecs[layer].expand_as(r), list(range(model.cfg.n_layers))
         )
         self.info = {"layer": self.layer, "valid_loss_by_layer": losses}
 
