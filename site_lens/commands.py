@@ -283,8 +283,10 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
 
 def cmd_sparsify(args: argparse.Namespace) -> int:
     """Minimal head sets per (task, seed), resumable; then OUT/summary.{csv,md} (and OUT/shared/ with --shared)."""
+    import dataclasses
+
     from . import bench
-    from .config import ConfigError, SiteConfig, site_config_from_args
+    from .config import ConfigError, site_config_from_args
     from .models import load_model
     from .sweep import is_done, minimal_sets, settings_differ, write_minimal, write_summaries
     from .tasks import TaskError, load_task
@@ -317,7 +319,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
             )
             if is_done(folder) and not args.redo:
                 recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(args.ks)}
-                recorded["config"] = SiteConfig.from_dict({**cfg.to_dict(), "seed": seed}).to_dict()
+                recorded["config"] = dataclasses.replace(cfg, seed=seed).to_dict()
                 differ = settings_differ(folder, recorded)
                 if differ:
                     raise TaskError(f"{folder} was made with other {', '.join(differ)}; use --redo or another --out")

@@ -172,8 +172,8 @@ def heads_string(alpha: Float[Tensor, "layer head_index"]) -> str:
     return " ".join(f"{layer}.{head}" for layer, head in idx)
 
 
-def parse_heads(text: str) -> set[tuple[int, int]]:
-    """The heads of a ``heads_string``."""
+def parse_heads(text: str | float) -> set[tuple[int, int]]:
+    """The heads of a ``heads_string`` (an empty set, read back from CSV, is NaN)."""
     if not isinstance(text, str) or not text.strip():
         return set()
     return {tuple(int(x) for x in h.split(".")) for h in text.split()}  # type: ignore[misc]

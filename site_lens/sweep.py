@@ -14,6 +14,7 @@ k grid and at every k an L0 mask reached, so comparisons are at matched k.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -79,7 +80,7 @@ def minimal_sets(
     cfg: SiteConfig | None = None,
 ) -> MinimalResult:
     """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc)."""
-    cfg = SiteConfig.from_dict({**(cfg or SiteConfig()).to_dict(), "seed": seed})
+    cfg = dataclasses.replace(cfg or SiteConfig(), seed=seed)  # a copy: the caller's config is left alone
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     dense = fit_site(model, task, cfg).adapter
