@@ -19,7 +19,7 @@ from site_lens.minimal import (
     smallest_k,
     top_k_mask,
 )
-from site_lens.tasks import Task, zero_shot_prompts
+from site_lens.tasks import Task
 from site_lens.tokens import encode
 
 WORDS = ["cat", "dog", "sun", "moon", "tree", "rock", "fish", "bird", "leaf", "rain"]
@@ -52,7 +52,7 @@ def test_scores_match_a_direct_generation(model):
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     alpha = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     prompts = [f"Q: {w}\nA:" for w in WORDS]
-    hooks = lambda last: injection_hooks(model, t, alpha, last)  # noqa: E731
+    hooks = lambda last: injection_hooks(model, t, alpha, last)
     new, first = generate_greedy(model, encode(model, prompts), max_new_tokens=6, prefill_hooks=hooks)
     own = [model.tokenizer.decode(n).strip()[:2] for n in new]
     answers = [(o if i % 2 == 0 and o else "qq") for i, o in enumerate(own)]  # the model's own start, or not
