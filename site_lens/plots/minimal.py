@@ -37,8 +37,9 @@ def k_curves(
     """``metric`` against k, one line per selection method, on binary head sets.
 
     ``scores`` is ``sweep.read_minimal``'s (one task or many, any seeds). Rankings and random
-    sets: the mean over tasks, seeds and draws at each k, the band the 25-75 % range over
-    (task, seed) means (over draws when there is one). Sparse SITE: one marker per mask,
+    sets: the mean over tasks, seeds and draws at each k (over several tasks, only the k of
+    the common grid), the band the 25-75 % range over (task, seed) means (over draws when
+    there is one). Sparse SITE: one marker per mask,
     its mean over tasks where several tasks reached the same k is not meaningful, so every
     (task, seed, weight) mask is drawn, joined per method in order of k when there is one task.
     """
@@ -62,6 +63,10 @@ def k_curves(
             )  # fmt: skip
             continue
         per = g.groupby(["k", "task", "seed"], as_index=False)[metric].mean()
+        if not one_task:  # only the k every (task, seed) has (the grid): a mean over the same tasks at each k
+            units = per.groupby(["task", "seed"]).ngroups
+            common = per.groupby("k").size()
+            per = per[per.k.isin(common[common == units].index)]
         if one_task and per.groupby("k").size().max() == 1:  # one (task, seed): band over random draws
             per = g.rename(columns={"draw": "_unit"})
         stats = per.groupby("k")[metric].agg(mean="mean", lo=lambda x: x.quantile(0.25), hi=lambda x: x.quantile(0.75))
