@@ -287,8 +287,9 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
     from . import bench
     from .config import ConfigError, site_config_from_args
+    from .minimal_report import write_summaries
     from .models import load_model
-    from .sweep import is_done, minimal_sets, settings_differ, write_minimal, write_summaries
+    from .sweep import is_done, minimal_sets, settings_differ, write_minimal
     from .tasks import TaskError, load_task
 
     cfg = site_config_from_args(args)
@@ -399,7 +400,7 @@ def cmd_figures(args: argparse.Namespace) -> int:
     if dirs:
         written += write_benchmark_figures(dirs, out)
     if args.sparse:
-        from .sweep import write_minimal_figures
+        from .minimal_report import write_minimal_figures
 
         written += write_minimal_figures(args.sparse, out)
     print(f"\nwrote {len(written)} files under {out}/:")
