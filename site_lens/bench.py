@@ -11,7 +11,14 @@ Every file is written atomically (temp file + rename), so an interrupted run
 leaves finished rows whole and nothing half-written; a rerun skips rows whose
 file exists with the same model and caps, and finishes the rest. ``--shard
 I/N`` takes tasks I, I+N, I+2N ... of the sorted list (I from 0), so shards
-are disjoint; ``merge`` summarises the rows of several output folders.
+are disjoint (inside a Slurm job array it defaults to the array's own index,
+``slurm_shard``); ``merge`` summarises the rows of several output folders.
+
+Several processes may share one folder, on one host or several hosts over a
+network file system: each row is computed under a lock (``locks.Locks``,
+kept in ``OUT/.locks/``) by one process only, a row whose holder died is taken
+over, and bench.json and the summaries are rewritten under a folder lock from
+every row on disk, so concurrent writers cannot drop each other's rows.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import csv
 import io
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -29,6 +37,7 @@ from transformer_lens import HookedTransformer
 
 from .config import ConfigError, EvalConfig, SiteConfig
 from .io import write_json_atomic, write_text_atomic
+from .locks import Locks, owner_tag, temp_is_orphan
 from .methods import METHODS, Method, TaskContext, configured, score_method
 from .models import model_identity
 from .tasks import TaskError, builtin_tasks, category, load_task
@@ -37,6 +46,7 @@ log = logging.getLogger(__name__)
 
 ROWS_DIR = "rows"
 SPEC_FILE = "bench.json"
+LOCKS_DIR = ".locks"
 METRICS = ("first_token_acc", "exact_match", "strict_match")
 ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, "n_trainable", "fit_seconds", "ms_per_query", "n_test")
 
@@ -65,6 +75,29 @@ def resolve(spec: str, valid: Sequence[str], what: str) -> list[str]:
             f"unknown {what}(s) {', '.join(repr(u) for u in unknown) or '(none given)'}; valid: {', '.join(valid)}"
         )
     return list(dict.fromkeys(names))
+
+
+def slurm_shard(env: dict[str, str] | None = None) -> str | None:
+    """'I/N' for this element of a Slurm job array (None outside one).
+
+    I counts from the array's first index in its step (``--array=10-20:5`` gives 0/3, 1/3, 2/3),
+    N is the array's size; an array given as an irregular list has no such I and is refused.
+    """
+    env = os.environ if env is None else env
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        return None
+    try:
+        tid, lo, n = (int(env[k]) for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT"))
+        step = int(env.get("SLURM_ARRAY_TASK_STEP", "1"))
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"Slurm array variables are incomplete or not integers ({e}); pass --shard I/N") from None
+    i, rem = divmod(tid - lo, max(step, 1))
+    if rem or not 0 <= i < n:
+        raise ConfigError(
+            f"Slurm array task {tid} is not index I of min {lo}, step {step}, count {n} "
+            f"(an irregular --array list?); pass --shard I/N"
+        )
+    return f"{i}/{n}"
 
 
 def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
@@ -96,12 +129,28 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def remove_stale_temps(out: Path) -> int:
-    """Delete temp files a killed write left behind (never a finished row)."""
+    """Delete temp files a killed writer left behind (never a finished row, nor a live process's temp)."""
     n = 0
     for p in out.rglob(".*.tmp"):
-        p.unlink(missing_ok=True)
-        n += 1
+        if temp_is_orphan(p):
+            p.unlink(missing_ok=True)
+            n += 1
     return n
+
+
+def lock_path(out: Path, task: str, seed: int, method: str) -> Path:
+    return out / LOCKS_DIR / task / f"seed{seed}" / method
+
+
+def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
+    """Write bench.json, keeping the methods and seeds other processes on this folder recorded."""
+    with locks.wait(out / LOCKS_DIR / "folder"):
+        old = _read_json(out / SPEC_FILE) or {}
+        if old.get("model") not in (None, spec["model"]):
+            raise ConfigError(f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out")
+        for k in ("methods", "seeds"):
+            spec[k] = list(dict.fromkeys([*old.get(k, []), *spec[k]]))
+        write_json_atomic(out / SPEC_FILE, spec)
 
 
 # Which settings each method's numbers depend on, beyond the model and the scoring caps
@@ -192,8 +241,9 @@ def run_bench(
     cfg: SiteConfig | None = None,
     factories: dict[str, Callable[[], Method]] | None = None,
     report: Callable[[dict[str, Any]], None] | None = None,
+    locks: Locks | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every missing (task, method, seed) row, then rewrite the summary of the folder.
+    """Run every missing (task, method, seed) row no other process is running, then rewrite the folder's summary.
 
     ``cfg`` (default: the paper's settings, the first 100 test items) sets SITE's stages, ICL's
     shots, the few-shot prompts the methods share (``cfg.embedding``) and the scoring
@@ -203,30 +253,42 @@ def run_bench(
     cfg = cfg or SiteConfig(eval=EvalConfig(max_test=100))
     assert cfg.eval is not None
     out = Path(out)
+    locks = locks or Locks()
     ident = model_identity(model)
+    dtype = str(model.cfg.dtype).removeprefix("torch.")
     spec = {"model": ident["name"], "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
     if remove_stale_temps(out):
         log.info("removed temp files left by an interrupted run")
-    write_json_atomic(
-        out / SPEC_FILE,
+    _merge_spec(
+        out,
         {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds), "config": cfg.to_dict()},
+        locks,
     )
     for name in tasks:
-        task = load_task(name, data_dir=data_dir)
+        task = None
         for seed in seeds:
-            todo = [m for m in methods if not is_done(row_path(out, name, seed, m), row_spec(ident["name"], cfg, m, str(model.cfg.dtype).removeprefix("torch.")))]
-            if not todo:
-                log.info("%s seed %d: done, skipped", name, seed)
-                continue
-            ctx = TaskContext(task, seed, cfg.embedding)  # shared by the methods of this (task, seed)
-            for m in todo:
-                method = factories[m]() if factories is not None else configured(m, cfg)
-                row = run_row(model, method, task, seed, ctx, cfg.eval)
-                row["spec"] = row_spec(ident["name"], cfg, m, str(model.cfg.dtype).removeprefix("torch."))
-                write_json_atomic(row_path(out, name, seed, m), row)
+            ctx = None  # shared by the methods of this (task, seed), made when one runs here
+            for m in methods:
+                spec_m = row_spec(ident["name"], cfg, m, dtype)
+                path = row_path(out, name, seed, m)
+                if is_done(path, spec_m):
+                    continue
+                with locks.hold(lock_path(out, name, seed, m)) as mine:
+                    if not mine:
+                        log.info("%s seed %d %s: another process is on it, skipped", name, seed, m)
+                        continue
+                    if is_done(path, spec_m):  # finished while this process was looking
+                        continue
+                    task = task or load_task(name, data_dir=data_dir)
+                    ctx = ctx or TaskContext(task, seed, cfg.embedding)
+                    method = factories[m]() if factories is not None else configured(m, cfg)
+                    row = run_row(model, method, task, seed, ctx, cfg.eval)
+                    row["spec"] = spec_m
+                    row["computed_by"] = owner_tag()  # host.pid
+                    write_json_atomic(path, row)
                 if report is not None:
                     report(row)
-    return write_summary(out)
+    return write_summary(out, locks=locks)
 
 
 # ---------------------------------------------------------------- summary
@@ -329,10 +391,20 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
     return "\n".join(lines) + "\n"
 
 
-def write_summary(out: Path, sources: Sequence[Path] | None = None) -> list[dict[str, Any]]:
-    """rows.csv, summary.csv and summary.md in ``out`` from the rows of ``sources`` (default ``out``)."""
+def write_summary(
+    out: Path, sources: Sequence[Path] | None = None, locks: Locks | None = None
+) -> list[dict[str, Any]]:
+    """rows.csv, summary.csv and summary.md in ``out`` from the rows of ``sources`` (default ``out``).
+
+    Written under the folder lock from the rows on disk at that moment: the last writer has every row.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with (locks or Locks()).wait(out / LOCKS_DIR / "folder"):
+        return _write_summary(out, sources)
+
+
+def _write_summary(out: Path, sources: Sequence[Path] | None) -> list[dict[str, Any]]:
     rows = collect_rows(sources or [out])
     summary = summarise(rows)
     spec = _read_json(out / SPEC_FILE) or next(

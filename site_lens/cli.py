@@ -220,7 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
     p.add_argument("--out", default=None, help="output folder (default results/MODEL)")
-    p.add_argument("--shard", default=None, help="I/N: run tasks I, I+N, ... of the sorted list (I from 0)")
+    p.add_argument(
+        "--shard",
+        default=None,
+        help="I/N: run tasks I, I+N, ... of the sorted list (I from 0); inside a Slurm job array the default is "
+        "the array's own index and size. Processes may also share one --out: each row is locked while it runs",
+    )
     p.add_argument(
         "--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)"
     )

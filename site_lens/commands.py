@@ -249,7 +249,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cfg = site_config_from_args(args)  # a bad config value fails before the model loads
     methods = bench.resolve(args.methods, list(METHODS), "method")
-    tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), args.shard)
+    part = args.shard or bench.slurm_shard()
+    if part and not args.shard:
+        print(f"Slurm job array: shard {part}", flush=True)
+    tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), part)
     seeds = args.seeds or [cfg.seed]
     out = Path(args.out) if args.out else Path("results") / args.model
     check_writable(out)

@@ -22,6 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .gate import Hooks, alpha_from_theta, injection_hooks
+from .locks import owner_tag
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -31,10 +32,10 @@ MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_voc
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path``, fsync, then rename it into place."""
+    """Write ``text`` to a temp file beside ``path`` (named for this host and pid), fsync, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{owner_tag()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -1,0 +1,186 @@
+"""Locks for one output folder shared by concurrent processes, on one host or several.
+
+A lock is a file made by atomic exclusive creation (``O_CREAT | O_EXCL``), which
+network file systems honour where ``flock`` is not; it names its holder
+(host, pid, the process's start time) in JSON. While held, a background thread
+refreshes the file's modification time every ``heartbeat`` seconds. A lock is
+*stale* when its holder is a process of this host that is gone, or, for a
+holder on another host (whose processes cannot be seen from here), when the
+file has not been refreshed for ``stale_after`` seconds.
+
+A stale lock is taken over without deleting it first: lock ``L`` is a series of
+generation files ``L.0``, ``L.1``, ... whose newest rules; taking over
+generation ``n`` means creating ``L.{n+1}``, which exactly one process can do.
+Releasing rewrites the holder's file as released (an atomic rename) rather than
+deleting it, so the newest generation always exists and no number is reused.
+Temp files carry their writer's host and pid in their names (``owner_tag``), so
+a process removes only temps whose writer is known to be gone
+(``temp_is_orphan``) and never another live process's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 600.0  # another host's lock unrefreshed this long is dead (20 missed heartbeats)
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), telling a reused pid apart; None elsewhere."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22 of stat; the command name may hold spaces
+
+
+def owner_tag() -> str:
+    """``host.pid``: what this process's temp file names carry."""
+    return f"{_HOST}.{os.getpid()}"
+
+
+def _alive(pid: int, start: str | None = None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return start is None or _start_time(pid) in (None, start)
+
+
+def temp_is_orphan(path: Path, stale_after: float = STALE_AFTER_S) -> bool:
+    """Whether a temp file's writer is gone: a dead process of this host, or an old file from elsewhere."""
+    m = re.search(r"\.([A-Za-z0-9_-]+)\.(\d+)\.[^.]*\.tmp$", path.name)
+    if m and m.group(1) == _HOST:
+        return not _alive(int(m.group(2)))
+    try:
+        return time.time() - path.stat().st_mtime > stale_after
+    except FileNotFoundError:
+        return False
+
+
+class Locks:
+    """Locks held by this process, refreshed by one heartbeat thread while any is held."""
+
+    def __init__(self, heartbeat: float = HEARTBEAT_S, stale_after: float = STALE_AFTER_S) -> None:
+        self.heartbeat, self.stale_after = heartbeat, stale_after
+        self._held: set[Path] = set()
+        self._guard = threading.Lock()
+        self._stop = threading.Event()  # one per heartbeat thread
+        self._thread: threading.Thread | None = None
+        self.me = {"host": _HOST, "pid": os.getpid(), "start": _start_time(os.getpid())}
+
+    # -- reading a lock
+    @staticmethod
+    def generations(lock: Path) -> list[tuple[int, Path]]:
+        """The generation files of ``lock``, oldest first."""
+        gens = []
+        for p in lock.parent.glob(f"{lock.name}.*"):
+            suffix = p.name[len(lock.name) + 1 :]
+            if suffix.isdigit():
+                gens.append((int(suffix), p))
+        return sorted(gens)
+
+    def holder(self, lock: Path) -> dict | None:
+        """Who holds ``lock`` (its newest generation's JSON, or {} while being written), or None if free or stale."""
+        gens = self.generations(lock)
+        if not gens:
+            return None
+        path = gens[-1][1]
+        try:
+            age = time.time() - path.stat().st_mtime
+            text = path.read_text()
+        except FileNotFoundError:  # superseded meanwhile: the newer one rules
+            return self.holder(lock)
+        try:
+            info = json.loads(text)
+        except ValueError:  # still being written by its creator (or it died there): judge by age alone
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
+        if info.get("released"):
+            return None
+        if info.get("host") == _HOST and isinstance(info.get("pid"), int):
+            return info if _alive(info["pid"], info.get("start")) else None
+        return info if age <= self.stale_after else None
+
+    # -- taking and releasing
+    def acquire(self, lock: Path) -> bool:
+        """Take ``lock`` if it is free or stale; False (at once) if another live process holds it."""
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        gens = self.generations(lock)
+        if gens and self.holder(lock) is not None:
+            return False
+        path = lock.parent / f"{lock.name}.{gens[-1][0] + 1 if gens else 0}"
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:  # another process took it first
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump({**self.me, "since": time.time()}, f)
+        for _, old in gens:  # older generations: released, or their holders are gone
+            old.unlink(missing_ok=True)
+        with self._guard:
+            self._held.add(path)
+            if self._thread is None:
+                self._stop = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._beat, args=(self._stop,), name="site-lens-locks", daemon=True
+                )
+                self._thread.start()
+        return True
+
+    def release(self, lock: Path) -> None:
+        """Release ``lock``: mark this process's generation file released (an atomic rename over it)."""
+        with self._guard:
+            mine = [p for p in self._held if p.parent == lock.parent and p.name.rsplit(".", 1)[0] == lock.name]
+            for p in mine:
+                self._held.discard(p)
+                tmp = p.with_name(f".{p.name}.{owner_tag()}.rel.tmp")
+                tmp.write_text(json.dumps({**self.me, "released": time.time()}))
+                os.replace(tmp, p)
+            if not self._held and self._thread is not None:
+                self._stop.set()
+                self._thread = None
+
+    @contextlib.contextmanager
+    def hold(self, lock: Path) -> Iterator[bool]:
+        """``with locks.hold(path) as got:`` got is False if another live process holds it (not waited for)."""
+        got = self.acquire(lock)
+        try:
+            yield got
+        finally:
+            if got:
+                self.release(lock)
+
+    @contextlib.contextmanager
+    def wait(self, lock: Path, timeout: float | None = None, poll: float = 0.05) -> Iterator[None]:
+        """Hold ``lock``, waiting up to ``timeout`` seconds (default: until a dead holder's lock is stale, plus a minute)."""
+        timeout = self.stale_after + 60 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while not self.acquire(lock):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock}: still held by {self.holder(lock)} after {timeout:.0f} s")
+            time.sleep(poll)
+        try:
+            yield
+        finally:
+            self.release(lock)
+
+    def _beat(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat):
+            with self._guard:
+                for p in list(self._held):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.utime(p)
