@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temp file beside ``path`` (named for this host and pid), fsync, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{owner_tag()}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions, as open() gives
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
