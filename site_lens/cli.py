@@ -105,7 +105,8 @@ EXAMPLES = {
   site-lens demo --tasks antonym,country-capital --out runs/demo2""",
     "predict": """examples:
   printf 'bright\\nriver\\n' | site-lens predict --adapter runs/demo/uppercase/adapter
-  site-lens predict --adapter runs/antonym/adapter --input words.txt --out answers.txt""",
+  site-lens predict --adapter runs/antonym/adapter --input words.txt --out answers.txt
+  site-lens predict --adapter runs/antonym/adapter --input words.txt --engine hf --device-map auto""",
     "tasks": """examples:
   site-lens tasks
   site-lens tasks --data path/to/fv""",
@@ -205,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero-shot", action="store_true", help="generate without the adapter (for comparison)")
     p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per input (default 20)")
     p.add_argument("--batch-size", type=int, default=64, help="inputs per generation batch (default 64)")
+    p.add_argument(
+        "--engine",
+        choices=("transformer-lens", "hf"),
+        default="transformer-lens",
+        help="generate with site-lens's TransformerLens model (default) or with a plain transformers model "
+        "and its own generate (site_lens.hf)",
+    )
+    p.add_argument("--device-map", default=None, help="with --engine hf: transformers' device_map, e.g. auto")
     model_args(p, default=None)
 
     p = add("tasks", cmd_tasks, "list the built-in tasks, or the tasks under --data (folders and .json lists)")

@@ -187,6 +187,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Apply a saved adapter to new inputs, one per line, and print or write one generation per input."""
+    import torch
+
     from .config import EvalConfig
     from .io import load_adapter, write_text_atomic
     from .models import load_model, model_identity
@@ -194,6 +196,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .tasks import TaskError, format_query
 
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)  # bad values fail now
+    if args.engine == "hf" and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        raise TaskError(f"unknown dtype '{args.dtype}' (try float32, bfloat16, float16)")
     adapter = load_adapter(args.adapter)
     if args.out and Path(args.out).is_dir():
         raise TaskError(f"--out {args.out} is a folder; give a file name")
@@ -213,9 +217,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(Path(args.out).parent)
     name = args.model or adapter.model.get("name")
-    model = load_model(name, device=args.device, dtype=args.dtype)
-    adapter.check_model(model_identity(model))
-    gens, _ = predict(model, [format_query(x) for x in inputs], None if args.zero_shot else adapter, cfg)
+    prompts = [format_query(x) for x in inputs]
+    if args.engine == "hf":  # transformers' own generate, the adapter injected by site_lens.hf
+        from . import hf
+
+        model, tok = hf.load_hf_model(name, dtype=getattr(torch, args.dtype), device_map=args.device_map or args.device)
+        if not args.zero_shot:
+            adapter.check_model(hf.hf_identity(model))
+        gens = hf.generate(
+            model, tok, prompts, None if args.zero_shot else adapter, max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.batch_size,
+        )
+    else:
+        model = load_model(name, device=args.device, dtype=args.dtype)
+        adapter.check_model(model_identity(model))
+        gens, _ = predict(model, prompts, None if args.zero_shot else adapter, cfg)
     lines = [g.strip().split("\n")[0].strip() for g in gens]
     if args.with_input:
         lines = [f"{x}\t{y}" for x, y in zip(inputs, lines)]

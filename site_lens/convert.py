@@ -163,7 +163,8 @@ def _gemma3_cfg(c: Any) -> dict[str, Any]:
 ARCHITECTURES = {"LlamaForCausalLM": _llama_cfg, "Gemma3ForCausalLM": _gemma3_cfg}
 
 
-def _architecture(hf_model: Any) -> str:
+def hf_architecture(hf_model: Any) -> str:
+    """The HF model's architecture name (its config's, else its class name): what TL's config records."""
     archs = getattr(hf_model.config, "architectures", None) or [type(hf_model).__name__]
     return archs[0]
 
@@ -179,7 +180,7 @@ def hooked_from_hf(
     """Build a HookedTransformer from an in-memory HF model, with no hub access and no weight processing."""
     from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 
-    arch = _architecture(hf_model)
+    arch = hf_architecture(hf_model)
     if arch not in ARCHITECTURES:
         raise ModelError(f"architecture {arch} is not supported; supported: {sorted(ARCHITECTURES)}")
     cfg_dict = ARCHITECTURES[arch](hf_model.config)

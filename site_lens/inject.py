@@ -22,7 +22,7 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from .backend import PackedBackend, backend_for, last_logits
 from .gate import HookFactory, injection_hooks
-from .tokens import check_context, fit_batches, newline_ids, pad_id, pad_right
+from .tokens import check_context, fit_batches, generation_stop_ids, pad_id, pad_right
 
 
 @torch.inference_mode()
@@ -54,7 +54,7 @@ def generate_greedy(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     outs: list[list[int]] = [[] for _ in prompts]
     first = torch.empty(len(prompts), model.cfg.d_vocab)
-    stop = stop_ids if stop_ids is not None else newline_ids(model) | {pad_id(model)}
+    stop = stop_ids if stop_ids is not None else generation_stop_ids(model)
     lengths = [len(p) + max_new_tokens for p in prompts]  # the KV cache grows while decoding
     for idx in fit_batches(order, lengths, batch_size, model.cfg.n_heads):
         batch = [prompts[i] for i in idx]
@@ -153,7 +153,7 @@ def generate_under_gates(
             )
         return
     runner = backend.runner
-    stop = newline_ids(model) | {pad_id(model)}
+    stop = generation_stop_ids(model)
     by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         by_len.setdefault(len(p), []).append(i)

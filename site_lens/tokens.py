@@ -93,15 +93,17 @@ def fit_batches(
     return out
 
 
-def pad_id(model: HookedTransformer) -> int:
-    """The tokenizer's pad id, else its EOS id, else 0."""
-    tok = model.tokenizer
-    if tok is None:
-        return 0
+def tokenizer_pad_id(tok) -> int:
+    """A tokenizer's pad id, else its EOS id, else 0."""
     for cand in (tok.pad_token_id, tok.eos_token_id, 0):
         if cand is not None:
             return int(cand)
     return 0
+
+
+def pad_id(model: HookedTransformer) -> int:
+    """The model tokenizer's pad id, else its EOS id, else 0 (also with no tokenizer)."""
+    return 0 if model.tokenizer is None else tokenizer_pad_id(model.tokenizer)
 
 
 def check_context(model: HookedTransformer, lengths: Sequence[int], extra: int = 0) -> None:
@@ -117,16 +119,28 @@ def check_context(model: HookedTransformer, lengths: Sequence[int], extra: int =
 _NEWLINE_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> ids
 
 
-def newline_ids(model: HookedTransformer) -> set[int]:
-    """Every token id whose text contains a newline (generation stops there); computed once per tokenizer."""
-    tok = model.tokenizer
-    if tok is None:
-        return set()
+def tokenizer_newline_ids(tok) -> set[int]:
+    """Every token id whose text contains a newline; computed once per tokenizer."""
     ids = _NEWLINE_IDS.get(tok)
     if ids is None:
         ids = {i for t, i in tok.get_vocab().items() if "\n" in tok.convert_tokens_to_string([t])}
         _NEWLINE_IDS[tok] = ids
     return set(ids)
+
+
+def newline_ids(model: HookedTransformer) -> set[int]:
+    """Every token id of the model's tokenizer whose text contains a newline (none without a tokenizer)."""
+    return set() if model.tokenizer is None else tokenizer_newline_ids(model.tokenizer)
+
+
+def tokenizer_stop_ids(tok) -> set[int]:
+    """Where generation stops: every token whose text holds a newline (an answer's end), and the pad / EOS token."""
+    return tokenizer_newline_ids(tok) | {tokenizer_pad_id(tok)}
+
+
+def generation_stop_ids(model: HookedTransformer) -> set[int]:
+    """``tokenizer_stop_ids`` of the model's tokenizer (the pad id alone without one)."""
+    return newline_ids(model) | {pad_id(model)}
 
 
 @dataclass
