@@ -102,7 +102,8 @@ class HookedBackend:
         # (batch, pos, kv_head, d_head) stored as (batch, kv_head, pos, d_head) views, the Prefix layout
         return Prefix([e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries])
 
-    def _frozen(self, prefix: Prefix, batch: int) -> TransformerLensKeyValueCache:
+    def frozen_cache(self, prefix: Prefix, batch: int) -> TransformerLensKeyValueCache:
+        """A frozen TransformerLens cache holding ``prefix`` for ``batch`` rows (later tokens attend to it)."""
         model = self.model
         cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
         for entry, k, v in zip(cache.entries, prefix.keys, prefix.values):
@@ -130,7 +131,7 @@ class HookedBackend:
             hooks.append((get_act_name("resid_pre", layer), lambda r, hook, edit=edit: edit(r[:, 0])[:, None]))
         zero = torch.zeros(B, dtype=torch.long, device=tokens.device)
         one = tokens[:, None]  # (batch, 1)
-        cache = self._frozen(prefix, B)
+        cache = self.frozen_cache(prefix, B)
         return last_logits(self.model, one, zero, hooks=hooks, attention_mask=torch.ones_like(one), past_kv_cache=cache)
 
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:

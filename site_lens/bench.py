@@ -157,7 +157,7 @@ def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
 # (batch sizes and the backend change no result and are left out).
 _EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
                     "mtv": ("n_prompts", "n_shots"), "icl": ("n_shots",)}
-_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast")
+_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast", "objective")
 
 
 def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float32") -> dict[str, Any]:

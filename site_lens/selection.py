@@ -1,7 +1,9 @@
 """Stage 2: training the gate's theta on zero-shot prompts (the model frozen).
 
 ``AlphaTrainer.fit`` trains theta alone (``gate.AlphaGate``, alpha = sigmoid(theta))
-with Adam on the cross-entropy of the answer's first token, validating every
+with Adam on the cross-entropy of the answer's first token (or, with
+``SelectionConfig.objective = "sequence"``, of every answer token and the end of the
+answer, ``sequence.py``), validating every
 ``eval_every`` steps and keeping the theta with the lowest valid loss
 (``training.train_loop``, the loop every trained method shares).
 
@@ -27,6 +29,7 @@ from transformer_lens import HookedTransformer
 from .backend import Backend, PromptCache, backend_for
 from .config import SelectionConfig
 from .gate import AlphaGate
+from .sequence import SequenceCache, sequence_loss
 from .tokens import Example
 from .training import TrainHistory, first_token_loss, frozen, schedule, train_loop
 
@@ -69,13 +72,11 @@ class AlphaTrainer:
         Memory-capped chunks as in ``training.first_token_loss``; with ``backward`` the gradient
         is accumulated chunk by chunk and the loss comes back detached.
         """
-        ce = first_token_loss(
-            self.model,
-            examples,
-            prefill=lambda last: self.gate.hooks(self.model, self.t, last),
-            batch_size=max(1, len(examples)),
-            backward=backward,
-        )
+        prefill = lambda last: self.gate.hooks(self.model, self.t, last)
+        if self.cfg.objective == "sequence":
+            ce = sequence_loss(self.model, examples, prefill, backward=backward)
+        else:
+            ce = first_token_loss(self.model, examples, prefill=prefill, batch_size=max(1, len(examples)), backward=backward)
         extra = self.penalty()
         if extra is None:
             return ce
@@ -84,7 +85,7 @@ class AlphaTrainer:
             extra = extra.detach()
         return ce + extra
 
-    def loss_fast(self, cache: PromptCache, indices: Sequence[int], train: bool = False) -> Tensor:
+    def loss_fast(self, cache: PromptCache | SequenceCache, indices: Sequence[int], train: bool = False) -> Tensor:
         """The same loss, running only the last prompt token against cached prefixes.
 
         ``train`` injects the gate's training alpha (``AlphaGate.train_alpha``: SITE's is alpha
@@ -99,8 +100,14 @@ class AlphaTrainer:
             return float(self.loss_naive(valid))
 
     def backend(self) -> Backend:
-        """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model)."""
-        return backend_for(self.model, self.cfg.backend)  # 'auto' defers to use_backend(model, ...)
+        """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model; hooked for 'sequence')."""
+        kind = "hooked" if self.cfg.objective == "sequence" else self.cfg.backend
+        return backend_for(self.model, kind)  # 'auto' defers to use_backend(model, ...)
+
+    def _cache(self, examples: Sequence[Example], backend: Backend) -> PromptCache | SequenceCache:
+        if self.cfg.objective == "sequence":
+            return SequenceCache(self.model, examples)
+        return PromptCache(self.model, examples, backend=backend)
 
     # ------------------------------------------------------------ training
 
@@ -127,8 +134,8 @@ class AlphaTrainer:
                 self.backend_used = backend
                 used = sorted({i for b in plan for i in b})
                 remap = {i: j for j, i in enumerate(used)}
-                tr_cache = PromptCache(self.model, [train[i] for i in used], backend=backend) if used else None
-                va_cache = PromptCache(self.model, valid, backend=backend) if validate else None
+                tr_cache = self._cache([train[i] for i in used], backend) if used else None
+                va_cache = self._cache(valid, backend) if validate else None
 
                 def step_loss(batch: Sequence[int]) -> Tensor:
                     assert tr_cache is not None

@@ -145,10 +145,11 @@ def generation_stop_ids(model: HookedTransformer) -> set[int]:
 
 @dataclass
 class Example:
-    """A prompt as tokens and the id of its answer's first token."""
+    """A prompt as tokens, the id of its answer's first token, and (for the sequence objective) the answer and its end."""
 
     tokens: list[int]
     target: int
+    continuation: tuple[int, ...] = ()  # sequence.answer_sequence: answer tokens, then the end-of-answer token
 
 
 def make_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str]]) -> list[Example]:

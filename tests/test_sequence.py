@@ -1,0 +1,94 @@
+"""The answer-sequence objective: targets, the cached path against whole prompts, training with it."""
+
+import pytest
+import torch
+
+from site_lens.config import ConfigError, SelectionConfig
+from site_lens.gate import injection_hooks
+from site_lens.selection import AlphaTrainer
+from site_lens.sequence import SequenceCache, answer_sequence, sequence_examples, sequence_loss
+from site_lens.tokens import Example, generation_stop_ids, make_examples
+from site_lens.training import first_token_loss
+
+WORDS = ["cat", "dog", "sun", "moon", "tree", "rock", "elephant", "ox"]
+
+
+def _pairs(words):
+    return [(f"Q: {w}\nA:", w[::-1]) for w in words]
+
+
+def test_targets_are_the_answer_then_its_end_as_in_a_demonstration(model):
+    tok = model.tokenizer
+    ids = answer_sequence(model, "Q: cat\nA:", "tac")
+    assert tok.decode(ids) == " tac\n"  # the char tokenizer splits "\n\n": the first newline ends the answer
+    assert tok.decode(answer_sequence(model, "Q: 4\nA:", "5")) == "5\n"  # no space before a number
+    ex = sequence_examples(model, _pairs(WORDS))
+    assert [e.target for e in ex] == [e.target for e in make_examples(model, _pairs(WORDS))]
+    assert all(e.continuation[-1] in generation_stop_ids(model) for e in ex)  # generation stops where training ends
+
+
+def test_cached_loss_and_grad_equal_whole_prompts(model):
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, generator=g)
+    theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=g).requires_grad_(True)
+    ex = sequence_examples(model, _pairs(WORDS))
+    cached = SequenceCache(model, ex).loss(range(len(ex)), torch.sigmoid(theta), t)
+    (gc,) = torch.autograd.grad(cached, theta)
+    whole = sequence_loss(model, ex, prefill=lambda last: injection_hooks(model, t, torch.sigmoid(theta), last))
+    (gw,) = torch.autograd.grad(whole, theta)
+    assert abs(cached.item() - whole.item()) < 1e-5
+    assert torch.allclose(gc, gw, atol=1e-5)
+    assert gc.abs().sum() > 0
+
+
+def test_a_one_token_continuation_is_the_first_token_loss(model):
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    alpha = torch.rand(model.cfg.n_layers, model.cfg.n_heads)
+    ex = make_examples(model, _pairs(WORDS))
+    one = [Example(e.tokens, e.target, continuation=(e.target,)) for e in ex]
+    first = first_token_loss(model, ex, prefill=lambda last: injection_hooks(model, t, alpha, last))
+    assert torch.allclose(SequenceCache(model, one).loss(range(len(one)), alpha, t), first, atol=1e-5)
+    assert torch.allclose(
+        sequence_loss(model, one, lambda last: injection_hooks(model, t, alpha, last)), first, atol=1e-5
+    )
+
+
+def test_only_the_last_prompt_token_is_injected(model):
+    """Answer positions see the injection through attention only: their own hook_z is left as it was."""
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    alpha = torch.ones(model.cfg.n_layers, model.cfg.n_heads)
+    (e,) = sequence_examples(model, _pairs(["moon"]))
+    seen = {}
+
+    def spy(z, hook):
+        seen[hook.name] = z.detach().clone()
+        return z
+
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
+    hooks = injection_hooks(model, t, alpha, len(e.tokens) - 1) + [(n, spy) for n in names]
+    with model.hooks(fwd_hooks=hooks):
+        sequence_loss(model, [e])
+    last = len(e.tokens) - 1
+    z0 = seen[names[0]][0]
+    assert torch.allclose(z0[last], t[0])  # alpha = 1: the last prompt token is t
+    assert not torch.allclose(z0[last + 1], t[0])
+
+
+def test_training_with_the_sequence_objective_fast_equals_naive(model):
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    ex = sequence_examples(model, _pairs(WORDS))
+    thetas = []
+    for fast in (True, False):
+        cfg = SelectionConfig(steps=6, eval_every=3, objective="sequence", fast=fast)
+        tr = AlphaTrainer(model, t, cfg, seed=1)
+        thetas.append(tr.fit(ex[:6], ex[6:]).theta.detach())
+        assert tr.backend_used.name == "hooked"
+    assert torch.allclose(thetas[0], thetas[1], atol=1e-4)
+    assert not torch.allclose(thetas[0], torch.zeros_like(thetas[0]))
+
+
+def test_bad_objective_and_missing_continuations_are_refused(model):
+    with pytest.raises(ConfigError, match="objective"):
+        SelectionConfig(objective="tokens")
+    with pytest.raises(ValueError, match="continuation"):
+        SequenceCache(model, make_examples(model, _pairs(WORDS[:2])))
