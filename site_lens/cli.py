@@ -225,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     site_args(p)
     p.add_argument("--tasks", default="all", help="'all' (default) or a comma list of task names")
     p.add_argument(
-        "--methods", default="all", help="'all' (default) or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3"
+        "--methods",
+        default="all",
+        help="'all' (default) or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3, and the trained ones "
+        "with the answer-sequence objective: site_seq,i2cl_seq,lora_seq,ia3_seq (not in 'all')",
     )
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
     p.add_argument("--out", default=None, help="output folder (default results/MODEL)")

@@ -34,7 +34,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from .backend import HookedBackend, Prefix
-from .gate import HookFactory, injection_hooks
+from .gate import HookFactory, Hooks, injection_hooks
 from .tasks import answer_sep
 from .tokens import Example, encode, newline_ids, pad_id, pad_right
 
@@ -81,11 +81,13 @@ def sequence_loss(
     examples: Sequence[Example],
     prefill: HookFactory | None = None,
     backward: bool = False,
+    hooks: Hooks = (),
 ) -> Tensor:
     """Mean over examples of the teacher-forced CE of each continuation, whole prompts through the hooked model.
 
-    ``prefill(last)`` gives the hooks for each row's last prompt index (the injection); one row at a time
-    with ``backward`` (gradient accumulation), the mean coming back detached.
+    ``prefill(last)`` gives the hooks for each row's last prompt index (SITE's injection); ``hooks``
+    act at every position (I2CL, LoRA). One row at a time; with ``backward`` each row's share is
+    back-propagated at once (gradient accumulation) and the mean comes back detached.
     """
     _check(examples)
     total = torch.zeros((), device=model.cfg.device)
@@ -93,8 +95,8 @@ def sequence_loss(
         seq = [*e.tokens, *e.continuation[:-1]]
         tokens, mask, _ = pad_right([seq], pad_id(model), model.cfg.device)
         last = torch.tensor([len(e.tokens) - 1], device=model.cfg.device)
-        hooks = prefill(last) if prefill else []
-        logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=hooks)  # (1, pos, d_vocab)
+        at_last = prefill(last) if prefill else []
+        logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[*hooks, *at_last])  # (1, pos, d_vocab)
         n = len(e.continuation)
         part = _mean_ce(logits[:, len(e.tokens) - 1 :], torch.tensor([e.continuation], device=logits.device), [n])
         if backward:

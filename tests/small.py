@@ -18,6 +18,7 @@ from site_lens.methods import (
     MultimodalTaskVector,
     Site,
     TrainConfig,
+    with_sequence_objective,
 )
 
 SMALL_EMBEDDING = EmbeddingConfig(n_prompts=4, n_shots=3)
@@ -35,7 +36,19 @@ def small_methods() -> dict:
         "mtv": lambda: MultimodalTaskVector(MTVConfig(steps=6, batch_size=4, eval_every=3)),
         "lora": lambda: LoRA(train=SMALL_TRAIN),
         "ia3": lambda: IA3(train=SMALL_TRAIN),
+        **{
+            f"{b}_seq": lambda b=b: with_sequence_objective(_SMALL[b](), f"{b}_seq")
+            for b in ("site", "i2cl", "lora", "ia3")
+        },
     }
+
+
+_SMALL = {
+    "site": lambda: Site(SMALL_EMBEDDING, SelectionConfig(steps=6, eval_every=3, max_valid=4)),
+    "i2cl": lambda: I2CL(n_demos=3, train=SMALL_TRAIN),
+    "lora": lambda: LoRA(train=SMALL_TRAIN),
+    "ia3": lambda: IA3(train=SMALL_TRAIN),
+}
 
 
 def _icl():

@@ -92,3 +92,40 @@ def test_bad_objective_and_missing_continuations_are_refused(model):
         SelectionConfig(objective="tokens")
     with pytest.raises(ValueError, match="continuation"):
         SequenceCache(model, make_examples(model, _pairs(WORDS[:2])))
+
+
+@pytest.mark.parametrize("kind", ["i2cl", "lora"])
+def test_whole_prompt_baselines_train_on_sequences(model, tmp_path, kind):
+    from small import SMALL_TRAIN, write_task_dir
+
+    from site_lens.methods import I2CL, METHODS, LoRA, with_sequence_objective
+    from site_lens.methods.base import train_valid_examples
+    from site_lens.tasks import load_task
+
+    task = load_task("upper", data_dir=write_task_dir(tmp_path))
+    base = I2CL(n_demos=3, train=SMALL_TRAIN) if kind == "i2cl" else LoRA(train=SMALL_TRAIN)
+    method = with_sequence_objective(base, f"{kind}_seq")
+    assert (method.name, method.train_cfg.objective) == (f"{kind}_seq", "sequence")
+    method.fit(model, task, 0)
+    _, valid = train_valid_examples(model, task, "sequence")
+    with torch.no_grad():
+        kept = sequence_loss(model, valid[: SMALL_TRAIN.max_valid], hooks=method.persistent_hooks(model))
+    assert abs(float(kept) - method.info["best_valid_loss"]) < 1e-4  # selected on the sequence loss
+    registered = METHODS[f"{kind}_seq"]()
+    assert (registered.name, registered.train_cfg.objective) == (f"{kind}_seq", "sequence")
+    assert METHODS[kind]().train_cfg.objective == "first_token"
+
+
+def test_site_seq_is_site_with_the_sequence_objective():
+    from dataclasses import replace
+
+    from site_lens import bench
+    from site_lens.config import SiteConfig
+    from site_lens.methods import configured
+
+    cfg = SiteConfig()
+    m = configured("site_seq", replace(cfg, selection=replace(cfg.selection, steps=7)))
+    assert (m.name, m.selection.objective, m.selection.steps) == ("site_seq", "sequence", 7)
+    assert configured("site", cfg).selection.objective == "first_token"
+    short = replace(cfg, selection=replace(cfg.selection, steps=7))
+    assert bench.row_spec("m", short, "site_seq")["settings"] == {"selection.steps": 7}

@@ -11,6 +11,7 @@ row = score_method(model, method, task, seed, EvalConfig(max_test=100))
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ..config import ConfigError, SiteConfig
@@ -36,6 +37,22 @@ METHODS: dict[str, Callable[[], Method]] = {
 }
 
 
+def with_sequence_objective(method: Method, name: str) -> Method:
+    """``method`` trained with the answer-sequence objective, under its own name."""
+    method.name = name
+    if isinstance(method, Site):
+        method.selection = dataclasses.replace(method.selection, objective="sequence")
+    else:
+        method.train_cfg = dataclasses.replace(method.train_cfg, objective="sequence")
+    return method
+
+
+# the trained methods with the answer-sequence objective (sequence.py) instead of the first token
+for _base in ("site", "i2cl", "lora", "ia3"):
+    METHODS[f"{_base}_seq"] = lambda b=_base: with_sequence_objective(METHODS[b](), f"{b}_seq")
+SEQUENCE_METHODS = ("site_seq", "i2cl_seq", "lora_seq", "ia3_seq")
+
+
 def make_method(name: str) -> Method:
     """A fresh, unfitted method by name."""
     if name not in METHODS:
@@ -50,6 +67,8 @@ def configured(name: str, cfg: SiteConfig, progress: Callable[[int, float], None
         return ICL(n_shots=cfg.embedding.n_shots)
     if name == "site":
         return Site(cfg.embedding, cfg.selection, progress)
+    if name == "site_seq":
+        return with_sequence_objective(Site(cfg.embedding, cfg.selection, progress), name)
     return make_method(name)
 
 
@@ -58,6 +77,7 @@ __all__ = [
     "IA3",
     "ICL",
     "METHODS",
+    "SEQUENCE_METHODS",
     "FunctionVector",
     "LoRA",
     "MTVConfig",
@@ -73,4 +93,5 @@ __all__ = [
     "fit_site",
     "make_method",
     "score_method",
+    "with_sequence_objective",
 ]

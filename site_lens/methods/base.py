@@ -41,6 +41,7 @@ from ..embeddings import build_task_embedding
 from ..gate import HookFactory, Hooks
 from ..inject import generate_greedy
 from ..metrics import score
+from ..sequence import sequence_examples, sequence_loss
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 from ..tokens import Example, answer_ids, encode, fit_batches, make_examples, pad_id, pad_right
 from ..training import first_token_loss, frozen, schedule, train_loop
@@ -195,6 +196,7 @@ class TrainConfig(_Config):
     batch_size: int = 8  # zero-shot prompts per step
     eval_every: int = 25  # valid loss every this many steps (and at the end); 0 = never
     max_valid: int = 50  # valid items for model selection
+    objective: str = "first_token"  # or "sequence": every answer token and its end (sequence.py)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -205,9 +207,11 @@ class TrainConfig(_Config):
             raise ConfigError(f"TrainConfig.lr must be a finite number > 0, got {self.lr}")
         if self.eval_every < 0 or self.max_valid < 0:
             raise ConfigError("TrainConfig.eval_every and max_valid must be >= 0")
+        if self.objective not in ("first_token", "sequence"):
+            raise ConfigError(f"TrainConfig.objective must be first_token or sequence, got {self.objective!r}")
 
 
-def train_first_token(
+def train_params(
     model: HookedTransformer,
     params: Sequence[nn.Parameter],
     hooks: Callable[[], Hooks],
@@ -216,19 +220,28 @@ def train_first_token(
     cfg: TrainConfig,
     seed: int,
 ) -> dict[str, Any]:
-    """Adam on ``params`` (the model frozen), first-token CE over whole prompts; restores the best-valid parameters.
+    """Adam on ``params`` (the model frozen) over whole prompts; restores the best-valid parameters.
+
+    The loss is ``cfg.objective``'s: the answer's first token (``training.first_token_loss``), or
+    every answer token and its end (``sequence.sequence_loss``; ``train`` and ``valid`` then need
+    continuations, as ``train_valid_examples(..., "sequence")`` gives them).
 
     The loop is ``training.train_loop``, SITE's: validation every ``eval_every`` steps and at the
     last, none before the first step; a non-finite loss stops training with the last finite values.
     """
     valid = list(valid)[: cfg.max_valid]
 
+    def loss(examples: Sequence[Example], backward: bool = False) -> Tensor:
+        if cfg.objective == "sequence":
+            return sequence_loss(model, examples, hooks=hooks(), backward=backward)
+        return first_token_loss(model, examples, hooks(), backward=backward)
+
     def step_loss(batch: Sequence[int]) -> Tensor:
-        return first_token_loss(model, [train[i] for i in batch], hooks(), backward=True)
+        return loss([train[i] for i in batch], backward=True)
 
     def valid_loss() -> float:
         with torch.no_grad():
-            return float(first_token_loss(model, valid, hooks()))
+            return float(loss(valid))
 
     with frozen(model):
         history = train_loop(
@@ -243,9 +256,12 @@ def train_first_token(
     return history.to_dict()
 
 
-def train_valid_examples(model: HookedTransformer, task: Task) -> tuple[list[Example], list[Example]]:
-    """Zero-shot train and valid prompts as (tokens, first answer token) examples."""
-    return make_examples(model, zero_shot_prompts(task.train)), make_examples(model, zero_shot_prompts(task.valid))
+def train_valid_examples(
+    model: HookedTransformer, task: Task, objective: str = "first_token"
+) -> tuple[list[Example], list[Example]]:
+    """Zero-shot train and valid prompts as examples: (tokens, first answer token), and continuations for 'sequence'."""
+    make = sequence_examples if objective == "sequence" else make_examples
+    return make(model, zero_shot_prompts(task.train)), make(model, zero_shot_prompts(task.valid))
 
 
 def choose_layer(

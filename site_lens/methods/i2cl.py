@@ -10,7 +10,8 @@ tokens alike, as
 
 with four scalars per layer (l0, l1 for the attention and for the MLP),
 initialised l0 = 0.1, l1 = 1, and trained with Adam on the first answer
-token's cross-entropy over zero-shot train prompts (the model frozen).
+token's cross-entropy over zero-shot train prompts (the model frozen; or every
+answer token and its end, ``TrainConfig.objective``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from transformer_lens.utilities import get_act_name
 
 from ..gate import Hooks
 from ..tasks import Task, format_pair
-from .base import Method, TaskContext, TrainConfig, sum_last_token, train_first_token, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, sum_last_token, train_params, train_valid_examples
 
 KINDS = ("attn_out", "mlp_out")
 
@@ -75,8 +76,8 @@ class I2CL(Method):
         rng = random.Random(seed)
         demos = rng.sample(list(task.train), min(self.n_demos, len(task.train)))
         self.init_params(model, context_vectors(model, [format_pair(x, y) for x, y in demos]))
-        train, valid = train_valid_examples(model, task)
-        self.info = train_first_token(
+        train, valid = train_valid_examples(model, task, self.train_cfg.objective)
+        self.info = train_params(
             model, [self.lam], lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
         )
 

@@ -28,7 +28,7 @@ from transformer_lens.hook_points import HookPoint
 
 from ..gate import Hooks
 from ..tasks import Task
-from .base import Method, TaskContext, TrainConfig, method_seed, train_first_token, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, method_seed, train_params, train_valid_examples
 
 
 def capture_hook(x: Tensor, hook: HookPoint, store: dict[str, Tensor], ln: nn.Module) -> None:
@@ -56,7 +56,7 @@ def scale_hook(act: Tensor, hook: HookPoint, s: Tensor) -> Tensor:
 
 
 class _Adapted(Method):
-    """Parameters added to the frozen model through persistent hooks, trained by ``train_first_token``."""
+    """Parameters added to the frozen model through persistent hooks, trained by ``train_params``."""
 
     params: nn.ParameterList | None
     train_cfg: TrainConfig
@@ -71,8 +71,8 @@ class _Adapted(Method):
     def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         self.init_params(model, seed)
         assert self.params is not None
-        train, valid = train_valid_examples(model, task)
-        self.info = train_first_token(
+        train, valid = train_valid_examples(model, task, self.train_cfg.objective)
+        self.info = train_params(
             model, list(self.params), lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
         )
 
