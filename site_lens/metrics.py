@@ -1,7 +1,9 @@
 """Scoring: first-token accuracy, the paper's (prefix) exact match, and strict match.
 
 ``normalize`` follows the paper's evaluation: the first line of the generation,
-cut at "(", stripped, lower-cased unless the task is about case. Exact match
+cut at "(", stripped, lower-cased unless the task is about case. A line that
+starts with a parenthesised group keeps it ("(A) because (x)" -> "(a) because"),
+so lettered multiple-choice answers such as "(A)" score as themselves. Exact match
 is a *prefix* match (normalised prediction starts with the normalised target),
 as the paper scores it; it is lenient ("ant, small, sofa" counts for "ant").
 Strict match requires equality.
@@ -16,10 +18,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 
+def _lead(line: str) -> int:
+    """Length of a leading parenthesised group such as '(A)' (0 if none or not yet closed)."""
+    return line.find(")") + 1 if line.startswith("(") else 0
+
+
 def normalize(text: str, case_sensitive: bool = False) -> str:
-    """First line, cut at '(', stripped, lower-cased unless ``case_sensitive``."""
+    """First line, cut at '(' (after a leading group like '(A)'), stripped, lower-cased unless ``case_sensitive``."""
     line = text.strip().split("\n")[0]
-    line = line.split("(")[0].strip()
+    n = _lead(line)
+    if line.startswith("(") and n == 0:  # an unclosed '(' opens the line: nothing to cut at
+        return line.strip() if case_sensitive else line.strip().lower()
+    line = (line[:n] + line[n:].split("(")[0]).strip()
     return line if case_sensitive else line.lower()
 
 
@@ -43,7 +53,7 @@ def settled_match(partial: str, target: str, case_sensitive: bool = False) -> bo
         return False
     c = partial.lstrip()
     c = c if case_sensitive else c.lower()
-    if "\n" in c or "(" in c:  # the first line, cut at "(", is fixed
+    if "\n" in c or "(" in c[max(_lead(c), 1) :]:  # the first line, cut at a later "(", is fixed
         return exact_match(partial, target, case_sensitive)
     if c.startswith(t):
         return True

@@ -6,6 +6,9 @@ from site_lens.metrics import exact_match, first_token_accuracy, normalize, scor
 def test_normalize_first_line_paren_case():
     assert normalize(" Paris (France)\nmore") == "paris"
     assert normalize(" APPLE\n", case_sensitive=True) == "APPLE"
+    assert normalize("(A)") == "(a)" and normalize(" (B) because (x)\n") == "(b) because"
+    assert exact_match("(A) blue", "(A)") and not exact_match("(B)", "(A)")
+    assert normalize("(n - 1)!") == "(n - 1)!" and normalize("(unclosed") == "(unclosed"
 
 
 def test_prefix_match_is_lenient_strict_is_not():
@@ -35,8 +38,8 @@ def test_settled_match_agrees_with_every_continuation():
     from site_lens.metrics import exact_match, settled_match
 
     rng = random.Random(0)
-    alphabet = ["a", "n", "t", " ", "\n", "(", "A", "s", "é"]
-    targets = ["ant", "Ant s", "a (b)", "  ant", "n"]
+    alphabet = ["a", "n", "t", " ", "\n", "(", ")", "A", "s", "é"]
+    targets = ["ant", "Ant s", "a (b)", "  ant", "n", "(A)", "(a) t", "(n"]
     for _ in range(3000):
         full = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7)))
         for target, cs in itertools.product(targets, (False, True)):
