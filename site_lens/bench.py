@@ -285,6 +285,9 @@ def run_bench(
                     row = run_row(model, method, task, seed, ctx, cfg.eval)
                     row["spec"] = spec_m
                     row["computed_by"] = owner_tag()  # host.pid
+                    if not locks.still_held(lock_path(out, name, seed, m)):
+                        log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
+                        continue
                     write_json_atomic(path, row)
                 if report is not None:
                     report(row)

@@ -33,6 +33,7 @@ format), and the pad / end-of-sequence token.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -76,6 +77,9 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared cache from other users
         # the weights as dequantised: a plain float32 checkpoint (GGUF-loaded models refuse save_pretrained)
         from safetensors.torch import save_model
 
@@ -85,6 +89,9 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(str(tmp))
         (tmp / "site_lens.json").write_text(json.dumps({"version": HF_CACHE_VERSION, "source_sha256": digest}))
+        if _cached_hf(entry, digest):  # another process finished the same entry first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+            return True
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)
@@ -126,13 +133,17 @@ def load_hf_model(
             log.info("dequantising %s for transformers (first load; later loads use the cache)", gguf.name)
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             fresh = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            if not _save_hf(entry, fresh, tok, digest):
-                fresh = fresh.to(dtype)
-                _SOURCES[fresh] = {"name": name, "source_sha256": digest}
-                return fresh.eval().requires_grad_(False), tok
+            saved = _save_hf(entry, fresh, tok, digest)
             del fresh
-        model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
-        tok = AutoTokenizer.from_pretrained(str(entry))
+        else:
+            saved = True
+        if saved:
+            model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
+            tok = AutoTokenizer.from_pretrained(str(entry))
+        else:  # no cache: dequantise again, straight onto the asked dtype and devices
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=dtype, device_map=device_map, **kwargs
+            )
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device_map, **kwargs)
         tok = AutoTokenizer.from_pretrained(name)
@@ -202,6 +213,9 @@ def inject(model: Any, adapter: Adapter, *, check: bool = True) -> Iterator[None
     """Inject ``adapter`` at each row's last prompt token in every prefill forward of ``model`` inside the block.
 
     ``check`` refuses an adapter made for another model (``hf_identity`` against its record).
+    A forward pass "starts with an empty cache" when it is given none or an empty one, so
+    ``generate`` must keep its cache (the default): with ``use_cache=False`` (or a chunked
+    prefill) every pass would count as a prefill and be injected again.
     """
     if check:
         adapter.check_model(hf_identity(model))
@@ -213,8 +227,14 @@ def inject(model: Any, adapter: Adapter, *, check: bool = True) -> Iterator[None
     state: dict[str, Tensor | None] = {"pos": None}  # each row's last prompt index during a prefill forward
     moved: dict[tuple[int, torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
 
+    signature = inspect.signature(model.forward)
+
     def start(module, args, kwargs):
-        x = kwargs.get("input_ids", args[0] if args else None)
+        try:
+            kwargs = {**signature.bind_partial(*args, **kwargs).arguments, **kwargs}  # positional ones by name
+        except TypeError:
+            pass
+        x = kwargs.get("input_ids")
         x = x if x is not None else kwargs.get("inputs_embeds")
         if x is None or _past_length(kwargs) > 0:
             state["pos"] = None

@@ -2,7 +2,7 @@
 
 A lock is a file made by atomic exclusive creation (``O_CREAT | O_EXCL``), which
 network file systems honour where ``flock`` is not; it names its holder
-(host, pid, the process's start time) in JSON. While held, a background thread
+(host and pid namespace, pid, the process's start time) in JSON. While held, a background thread
 refreshes the file's modification time every ``heartbeat`` seconds. A lock is
 *stale* when its holder is a process of this host that is gone, or, for a
 holder on another host (whose processes cannot be seen from here), when the
@@ -11,8 +11,10 @@ file has not been refreshed for ``stale_after`` seconds.
 A stale lock is taken over without deleting it first: lock ``L`` is a series of
 generation files ``L.0``, ``L.1``, ... whose newest rules; taking over
 generation ``n`` means creating ``L.{n+1}``, which exactly one process can do.
-Releasing rewrites the holder's file as released (an atomic rename) rather than
-deleting it, so the newest generation always exists and no number is reused.
+No generation file is ever deleted (releasing rewrites it as released, by an
+atomic rename), so every number is created once only and two processes can
+never both create the newest; a holder that finds a newer generation than its
+own has lost the lock (``still_held``). The files, a few bytes each, stay.
 Temp files carry their writer's host and pid in their names (``owner_tag``), so
 a process removes only temps whose writer is known to be gone
 (``temp_is_orphan``) and never another live process's.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import socket
 import threading
@@ -32,7 +35,18 @@ from pathlib import Path
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0  # another host's lock unrefreshed this long is dead (20 missed heartbeats)
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def _host_id() -> str:
+    """The host name, plus the pid namespace where it can be read: containers sharing a host name differ."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+    try:
+        return f"{name}-ns{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return name
+
+
+_HOST = _host_id()
 
 
 def _start_time(pid: int) -> str | None:
@@ -50,12 +64,13 @@ def owner_tag() -> str:
 
 
 def _alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` runs and (when ``start`` is known) is the one that started then, not a reused pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's live process
-        return True
+    except PermissionError:  # another user's process: /proc still tells its start time
+        pass
     return start is None or _start_time(pid) in (None, start)
 
 
@@ -80,6 +95,7 @@ class Locks:
         self._stop = threading.Event()  # one per heartbeat thread
         self._thread: threading.Thread | None = None
         self.me = {"host": _HOST, "pid": os.getpid(), "start": _start_time(os.getpid())}
+        self._jitter = random.Random(os.getpid())  # spreads the polls of processes waiting on one lock
 
     # -- reading a lock
     @staticmethod
@@ -101,8 +117,8 @@ class Locks:
         try:
             age = time.time() - path.stat().st_mtime
             text = path.read_text()
-        except FileNotFoundError:  # superseded meanwhile: the newer one rules
-            return self.holder(lock)
+        except FileNotFoundError:  # listed but gone (a stale directory listing): count it as held
+            return {}
         try:
             info = json.loads(text)
         except ValueError:  # still being written by its creator (or it died there): judge by age alone
@@ -127,10 +143,15 @@ class Locks:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:  # another process took it first
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump({**self.me, "since": time.time()}, f)
-        for _, old in gens:  # older generations: released, or their holders are gone
-            old.unlink(missing_ok=True)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({**self.me, "since": time.time()}, f)
+        except BaseException:
+            path.unlink(missing_ok=True)  # ours, half-written: it would block the lock until stale
+            raise
+        if self.generations(lock)[-1][1] != path:  # a newer generation appeared (our listing was stale)
+            self._mark_released(path)
+            return False
         with self._guard:
             self._held.add(path)
             if self._thread is None:
@@ -145,14 +166,26 @@ class Locks:
         """Release ``lock``: mark this process's generation file released (an atomic rename over it)."""
         with self._guard:
             mine = [p for p in self._held if p.parent == lock.parent and p.name.rsplit(".", 1)[0] == lock.name]
-            for p in mine:
-                self._held.discard(p)
-                tmp = p.with_name(f".{p.name}.{owner_tag()}.rel.tmp")
-                tmp.write_text(json.dumps({**self.me, "released": time.time()}))
-                os.replace(tmp, p)
-            if not self._held and self._thread is not None:
-                self._stop.set()
-                self._thread = None
+            try:
+                for p in mine:
+                    self._held.discard(p)
+                    self._mark_released(p)
+            finally:
+                if not self._held and self._thread is not None:
+                    self._stop.set()
+                    self._thread = None
+
+    def _mark_released(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.{owner_tag()}.rel.tmp")
+        tmp.write_text(json.dumps({**self.me, "released": time.time()}))
+        os.replace(tmp, path)
+
+    def still_held(self, lock: Path) -> bool:
+        """Whether this process still holds ``lock``: its generation is the newest (none was taken over)."""
+        with self._guard:
+            mine = {p for p in self._held if p.parent == lock.parent and p.name.rsplit(".", 1)[0] == lock.name}
+        gens = self.generations(lock)
+        return bool(mine and gens and gens[-1][1] in mine)
 
     @contextlib.contextmanager
     def hold(self, lock: Path) -> Iterator[bool]:
@@ -172,7 +205,8 @@ class Locks:
         while not self.acquire(lock):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{lock}: still held by {self.holder(lock)} after {timeout:.0f} s")
-            time.sleep(poll)
+            time.sleep(poll * (0.5 + self._jitter.random()))  # jittered, backing off to 2 s between looks
+            poll = min(2 * poll, 2.0)
         try:
             yield
         finally:

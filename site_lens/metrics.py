@@ -71,10 +71,20 @@ def first_token_accuracy(logits: Float[Tensor, "batch d_vocab"], targets: Int[Te
     return float((logits.argmax(-1) == targets).float().mean())
 
 
-def score(preds: Sequence[str], targets: Sequence[str], case_sensitive: bool = False) -> dict[str, float]:
-    """Mean exact and strict match over a set of generations."""
+def score(
+    preds: Sequence[str],
+    targets: Sequence[str],
+    case_sensitive: bool = False,
+    accepted: Sequence[Sequence[str]] | None = None,
+) -> dict[str, float]:
+    """Mean exact and strict match over a set of generations.
+
+    ``accepted`` (one list per item) gives every answer that counts as correct (object_counting
+    accepts "three" and "3"); a prediction matching any of them scores.
+    """
     n = max(1, len(preds))
+    answers = [list(a) for a in accepted] if accepted is not None else [[t] for t in targets]
     return {
-        "exact_match": sum(exact_match(p, t, case_sensitive) for p, t in zip(preds, targets)) / n,
-        "strict_match": sum(strict_match(p, t, case_sensitive) for p, t in zip(preds, targets)) / n,
+        "exact_match": sum(any(exact_match(p, t, case_sensitive) for t in a) for p, a in zip(preds, answers)) / n,
+        "strict_match": sum(any(strict_match(p, t, case_sensitive) for t in a) for p, a in zip(preds, answers)) / n,
     }

@@ -7,8 +7,9 @@ tokens of ``' y'`` followed by the end of the answer, all as they are tokenised 
 context in a demonstration (``Q: x\\nA: y\\n\\n``): the targets run up to and including
 the first token whose text holds a newline. That token is one of generation's stop
 tokens (``tokens.generation_stop_ids``: every token with a newline), so a model trained
-on it learns to stop where generation stops. SmolLM2's tokenizer, for one, ends some
-answers with ``"\\n\\n"`` and others (digits) with ``"\\n"``; both are newline tokens.
+on it learns to stop where generation stops. Which token that is depends on the
+tokenizer (``"\\n\\n"`` after words and digits alike on both embedded models, ``"\\n"``
+on a character-level one); any newline token ends the answer.
 
 The injection stays where SITE puts it at inference: once, at the last prompt token;
 the answer positions after it see the injection only through attention. Each
@@ -140,6 +141,6 @@ class SequenceCache:
             logits = model.run_with_hooks(
                 chunk, attention_mask=torch.ones_like(chunk), past_kv_cache=cache, fwd_hooks=hooks
             )
-            target = torch.tensor([e.continuation], device=device)
-            total = total + _mean_ce(logits, target, [len(e.continuation)])
+            target = torch.tensor([e.continuation], device=logits.device)
+            total = total + _mean_ce(logits, target, [len(e.continuation)]).to(device)
         return total / len(indices)

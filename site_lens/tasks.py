@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-Pair = tuple[str, str]
+Pair = tuple[str, str]  # (input, output); an item may also list "options" and "answers" (``Choice``)
 SPLITS = ("train", "valid", "test")
 SPLIT_FRACTIONS = (0.70, 0.09, 0.21)  # the published FV splits' proportions
 SPLIT_SEED = 42  # fixed shuffle for tasks given as one JSON list
@@ -53,6 +53,8 @@ class Task:
     case_sensitive: bool | None = None  # None: detect from the data (see detect_case_sensitive)
     source: str = ""  # where it was loaded from
     meta: dict[str, Any] = field(default_factory=dict)
+    # split -> one Choice per item, for tasks whose items list options or several accepted answers
+    choices: dict[str, list[Choice]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.case_sensitive is None:
@@ -62,6 +64,19 @@ class Task:
         if name not in SPLITS:
             raise TaskError(f"unknown split '{name}'; use one of {SPLITS}")
         return getattr(self, name)
+
+    def split_choices(self, name: str) -> list[Choice] | None:
+        """The split's Choices (options and accepted answers per item), or None for a plain task."""
+        self.split(name)
+        return self.choices.get(name)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An item's options (a multiple-choice task; empty otherwise) and every answer accepted as correct."""
+
+    options: tuple[str, ...]
+    answers: tuple[str, ...]
 
 
 def detect_case_sensitive(pairs: Sequence[Pair]) -> bool:
@@ -112,6 +127,27 @@ def _parse_pairs(raw: Any, where: str) -> list[Pair]:
     return pairs
 
 
+def _strings(v: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() and "\n" not in x for x in v):
+        raise TaskError(f"{what} must be a non-empty list of one-line strings")
+    return tuple(x.strip() for x in v)
+
+
+def _parse_choices(raw: list, pairs: list[Pair], where: str) -> list[Choice] | None:
+    """Each item's Choice when any item has "options" or "answers"; None for a plain task."""
+    if not any(isinstance(it, dict) and ("options" in it or "answers" in it) for it in raw):
+        return None
+    out = []
+    for i, (item, (_, y)) in enumerate(zip(raw, pairs)):
+        opts = _strings(item["options"], f"{where}: item {i} 'options'") if "options" in item else ()
+        answers = _strings(item["answers"], f"{where}: item {i} 'answers'") if "answers" in item else ()
+        answers = tuple(dict.fromkeys((y, *answers)))
+        if opts and y not in opts:
+            raise TaskError(f"{where}: item {i} 'output' {y!r} is not one of its options {list(opts)}")
+        out.append(Choice(options=opts, answers=answers))
+    return out
+
+
 def _read_json(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8-sig")  # tolerates a byte-order mark
@@ -127,17 +163,22 @@ def _read_json(path: Path) -> Any:
         raise TaskError(f"{path}: invalid JSON ({e.__class__.__name__}: {str(e).splitlines()[0][:120]})") from None
 
 
-def split_pairs(pairs: Sequence[Pair], seed: int = SPLIT_SEED) -> tuple[list[Pair], list[Pair], list[Pair]]:
-    """Shuffle with a fixed seed and split 70/9/21 (at least one item in each split)."""
-    items = list(pairs)
-    if len(items) < 3:
-        raise TaskError(f"a single-list task needs at least 3 examples to split 70/9/21, got {len(items)}")
+def split_indices(n: int, seed: int = SPLIT_SEED) -> tuple[list[int], list[int], list[int]]:
+    """Item indices shuffled with a fixed seed and split 70/9/21 (at least one item in each split)."""
+    if n < 3:
+        raise TaskError(f"a single-list task needs at least 3 examples to split 70/9/21, got {n}")
+    items = list(range(n))
     random.Random(seed).shuffle(items)
-    n = len(items)
     n_train = max(1, round(SPLIT_FRACTIONS[0] * n))
     n_valid = max(1, round(SPLIT_FRACTIONS[1] * n))
     n_train = min(n_train, n - n_valid - 1)
     return items[:n_train], items[n_train : n_train + n_valid], items[n_train + n_valid :]
+
+
+def split_pairs(pairs: Sequence[Pair], seed: int = SPLIT_SEED) -> tuple[list[Pair], list[Pair], list[Pair]]:
+    """Shuffle with a fixed seed and split 70/9/21 (at least one item in each split)."""
+    train, valid, test = split_indices(len(pairs), seed)
+    return [pairs[i] for i in train], [pairs[i] for i in valid], [pairs[i] for i in test]
 
 
 META_FILE = "meta.json"  # optional in a task folder: {"category": "..."}
@@ -159,19 +200,30 @@ def load_task_folder(path: str | Path, name: str | None = None) -> Task:
     path = Path(path)
     if not path.is_dir():
         raise TaskError(f"{path}: not a task folder")
-    splits = {s: _parse_pairs(_read_json(path / f"{s}.json"), str(path / f"{s}.json")) for s in SPLITS}
-    return Task(name=name or path.name, source=str(path), meta=_read_meta(path / META_FILE), **splits)
+    splits, choices = {}, {}
+    for s in SPLITS:
+        where = str(path / f"{s}.json")
+        raw = _read_json(path / f"{s}.json")
+        splits[s] = _parse_pairs(raw, where)
+        found = _parse_choices(raw, splits[s], where)
+        if found is not None:
+            choices[s] = found
+    return Task(name=name or path.name, source=str(path), meta=_read_meta(path / META_FILE), choices=choices, **splits)
 
 
 def load_task_file(path: str | Path, name: str | None = None) -> Task:
     """One JSON list of pairs, split 70/9/21 with a fixed seed."""
     path = Path(path)
-    pairs = _parse_pairs(_read_json(path), str(path))
+    raw = _read_json(path)
+    pairs = _parse_pairs(raw, str(path))
+    found = _parse_choices(raw, pairs, str(path))
     try:
-        train, valid, test = split_pairs(pairs)
+        parts = split_indices(len(pairs))
     except TaskError as e:
         raise TaskError(f"{path}: {e}") from None
-    return Task(name=name or path.stem, source=str(path), train=train, valid=valid, test=test)
+    splits = {s: [pairs[i] for i in idx] for s, idx in zip(SPLITS, parts)}
+    choices = {s: [found[i] for i in idx] for s, idx in zip(SPLITS, parts)} if found is not None else {}
+    return Task(name=name or path.stem, source=str(path), choices=choices, **splits)
 
 
 def builtin_tasks() -> list[str]:

@@ -44,8 +44,8 @@ def test_a_held_lock_is_refused_then_free_after_release(tmp_path):
     mine.release(lock)
     assert other.holder(lock) is None
     assert other.acquire(lock)
-    # released generation 0 is superseded, generation 1 rules: numbers are never reused
-    assert [n for n, _ in Locks.generations(lock)] == [1]
+    # released generation 0 stays, generation 1 rules: no number is created twice
+    assert [n for n, _ in Locks.generations(lock)] == [0, 1]
     other.release(lock)
     assert json.loads((lock.parent / "row.1").read_text())["released"]
 
@@ -56,8 +56,27 @@ def test_a_dead_local_holder_is_taken_over_by_exactly_the_next_generation(tmp_pa
     got = Locks()
     assert got.holder(lock) is None
     assert got.acquire(lock)
-    assert [n for n, _ in Locks.generations(lock)] == [1]
+    assert [n for n, _ in Locks.generations(lock)] == [0, 1]
     assert not Locks().acquire(lock)  # now held by a live process
+
+
+def test_a_stale_listing_cannot_make_two_holders(tmp_path, monkeypatch):
+    """A process that listed the generations before others took and released the lock backs off."""
+    lock = tmp_path / "row"
+    a, b, c = Locks(), Locks(), Locks()
+    assert b.acquire(lock)
+    b.release(lock)  # row.0 released
+    seen = Locks.generations(lock)  # what A listed, before C's turn
+    assert c.acquire(lock)  # row.1, held
+    b.acquire(lock)  # refused: C holds it
+    monkeypatch.setattr(Locks, "generations", staticmethod(lambda _lock, _seen=seen: list(_seen)))
+    monkeypatch.setattr(Locks, "holder", lambda self, _lock: None)  # the stale listing shows it free
+    assert not a.acquire(lock)  # row.1 exists: O_EXCL refuses it
+    monkeypatch.undo()
+    assert c.still_held(lock) and not a.still_held(lock)
+    # a holder whose listing missed a newer generation gives its own back at once
+    (tmp_path / "row.5").write_text(json.dumps({"host": locks._HOST, "pid": os.getpid()}))
+    assert not c.still_held(lock)
 
 
 def test_a_reused_pid_is_not_the_holder(tmp_path):

@@ -65,9 +65,8 @@ def test_only_the_last_prompt_token_is_injected(model):
         return z
 
     names = [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
-    hooks = injection_hooks(model, t, alpha, len(e.tokens) - 1) + [(n, spy) for n in names]
-    with model.hooks(fwd_hooks=hooks):
-        sequence_loss(model, [e])
+    spies = [(n, spy) for n in names]  # after the injection on each hook point: they see what it wrote
+    sequence_loss(model, [e], prefill=lambda last: injection_hooks(model, t, alpha, last) + spies)
     last = len(e.tokens) - 1
     z0 = seen[names[0]][0]
     assert torch.allclose(z0[last], t[0])  # alpha = 1: the last prompt token is t

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
 from ..backend import PromptCache
+from ..choice import option_accuracy, option_logprobs
 from ..config import ConfigError, EmbeddingConfig, EvalConfig, _Config
 from ..embeddings import build_task_embedding
 from ..gate import HookFactory, Hooks
@@ -164,17 +165,32 @@ class TaskContext:
 def score_method(
     model: HookedTransformer, method: Method, task: Task, seed: int, cfg: EvalConfig | None = None, split: str = "test"
 ) -> dict[str, Any]:
-    """First-token accuracy, exact and strict match of a fitted method on a split."""
+    """First-token accuracy, exact and strict match of a fitted method on a split.
+
+    Items that list accepted answers (``tasks.Choice``) match any of them; on a multiple-choice
+    task (every item lists options) ``option_acc`` is added: the gold option has the highest summed
+    log-probability under the method (``choice.option_logprobs``).
+    """
     cfg = cfg or EvalConfig()
     pairs = task.split(split)[: cfg.max_test]
+    choices = (task.split_choices(split) or [])[: cfg.max_test] or None
     prompts = method.prompts(task, pairs, seed)
     t0 = time.perf_counter()
     preds, first = method.predict(model, [p for p, _ in prompts], cfg)
     seconds = time.perf_counter() - t0
     targets = torch.tensor([answer_ids(model, p, a)[0] for p, a in prompts])
+    extra: dict[str, Any] = {}
+    if choices is not None and all(c.options for c in choices):
+        with model.hooks(fwd_hooks=method.persistent_hooks(model)):
+            lp = option_logprobs(model, [p for p, _ in prompts], [c.options for c in choices], method.prefill_hooks(model))
+        extra["option_acc"] = option_accuracy(lp, [c.options.index(a) for (_, a), c in zip(pairs, choices)])
     return {
         "first_token_acc": float((first.argmax(-1) == targets).float().mean()),
-        **score(preds, [a for _, a in prompts], bool(task.case_sensitive)),
+        **score(
+            preds, [a for _, a in prompts], bool(task.case_sensitive),
+            accepted=[c.answers for c in choices] if choices is not None else None,
+        ),
+        **extra,
         "n": len(pairs),
         "seconds": seconds,
         "ms_per_query": 1000 * seconds / max(1, len(pairs)),
