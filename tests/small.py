@@ -69,3 +69,12 @@ def write_task_dir(root: Path, names=("upper", "lower"), seed: int = 0) -> Path:
         for split, part in (("train", pairs[:16]), ("valid", pairs[16:21]), ("test", pairs[21:])):
             (d / f"{split}.json").write_text(json.dumps([{"input": x, "output": y} for x, y in part]))
     return root
+
+
+def bench_cmd(data: Path, out: Path) -> list[str]:
+    """The CLI's bench on the tiny model (tests/bench_entry.py): four methods, one seed, two test items."""
+    import sys
+
+    entry = Path(__file__).parent / "bench_entry.py"
+    return [sys.executable, str(entry), "bench", "--model", "tiny", "--data", str(data), "--tasks", "all",
+            "--methods", "zero_shot,site,fv,ia3", "--seeds", "1", "--max-test", "2", "--out", str(out)]

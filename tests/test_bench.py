@@ -5,19 +5,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from small import SMALL_EMBEDDING, small_methods, write_task_dir
+from small import SMALL_EMBEDDING, bench_cmd, small_methods, write_task_dir
 
 from site_lens import bench
 from site_lens.cli import main
 from site_lens.config import EvalConfig, SiteConfig
 from site_lens.tasks import category
 
-ENTRY = Path(__file__).parent / "bench_entry.py"
 SCORES = (
     "task",
     "category",
@@ -122,28 +120,6 @@ def test_summary_averages_only_tasks_every_method_finished():
     assert "| lora | 0 | 1 | - | - | - |" in md
 
 
-def _bench_cmd(data, out):
-    return [
-        sys.executable,
-        str(ENTRY),
-        "bench",
-        "--model",
-        "tiny",
-        "--data",
-        str(data),
-        "--tasks",
-        "all",
-        "--methods",
-        "zero_shot,site,fv,ia3",
-        "--seeds",
-        "1",
-        "--max-test",
-        "2",
-        "--out",
-        str(out),
-    ]
-
-
 def _scores(out: Path):
     return [{k: r[k] for k in SCORES} for r in csv.DictReader((out / "rows.csv").open())]
 
@@ -154,9 +130,9 @@ def _env():
 
 def test_sigkill_mid_task_then_resume_equals_uninterrupted(data, tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "out"
-    done = subprocess.run(_bench_cmd(data, ref), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(bench_cmd(data, ref), env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
-    proc = subprocess.Popen(_bench_cmd(data, out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(bench_cmd(data, out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and not list(
         out.glob("rows/*/*/*.json")
@@ -168,7 +144,7 @@ def test_sigkill_mid_task_then_resume_equals_uninterrupted(data, tmp_path):
     assert 1 <= len(rows) < 8, "killed mid-task: some rows but not all"
     for p in rows:
         json.loads(p.read_text())  # every file is whole
-    again = subprocess.run(_bench_cmd(data, out), env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    again = subprocess.run(bench_cmd(data, out), env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr
     assert list(out.rglob("*.tmp")) == []
     assert all(json.loads(p.read_text()) for p in out.rglob("*.json"))

@@ -10,13 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from small import write_task_dir
+from small import bench_cmd, write_task_dir
 
 from site_lens import bench, locks
 from site_lens.config import ConfigError
 from site_lens.locks import Locks, owner_tag, temp_is_orphan
-
-ENTRY = Path(__file__).parent / "bench_entry.py"
 
 
 def _dead_pid() -> int:
@@ -185,28 +183,6 @@ def test_a_folder_of_another_model_is_refused(tmp_path):
         bench._merge_spec(tmp_path, {"model": "smollm2-135m", "methods": ["site"], "seeds": [0]}, Locks())
 
 
-def _cmd(data, out):
-    return [
-        sys.executable,
-        str(ENTRY),
-        "bench",
-        "--model",
-        "tiny",
-        "--data",
-        str(data),
-        "--tasks",
-        "all",
-        "--methods",
-        "zero_shot,site,fv,ia3",
-        "--seeds",
-        "1",
-        "--max-test",
-        "2",
-        "--out",
-        str(out),
-    ]
-
-
 def _printed(text: str) -> list[tuple[str, str]]:
     """(task, method) of each row line the CLI printed."""
     return [tuple(line.split()[:2]) for line in text.splitlines() if " first-tok " in line]
@@ -216,10 +192,10 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
     data = write_task_dir(tmp_path / "data")
     out, ref = tmp_path / "out", tmp_path / "ref"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(bench_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     logs = [tmp_path / f"p{i}.log" for i in range(3)]
-    procs = [subprocess.Popen(_cmd(data, out), env=env, stdout=f.open("w"), stderr=subprocess.STDOUT) for f in logs]
+    procs = [subprocess.Popen(bench_cmd(data, out), env=env, stdout=f.open("w"), stderr=subprocess.STDOUT) for f in logs]
     victim = procs[0]
     deadline = time.time() + 240
     killed = False
@@ -238,7 +214,7 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
     for p in procs:
         p.wait(timeout=300)
     assert [p.returncode for p in procs[1:]] == [0, 0], [f.read_text()[-2000:] for f in logs[1:]]
-    again = subprocess.run(_cmd(data, out), env=env, capture_output=True, text=True, timeout=300, check=False)
+    again = subprocess.run(bench_cmd(data, out), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr
     printed = [_printed(f.read_text()) for f in logs] + [_printed(again.stdout)]
     flat = [r for part in printed for r in part]
