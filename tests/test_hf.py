@@ -213,10 +213,10 @@ def test_embedded_models_agree_with_transformer_lens(name):
             got = model(torch.tensor([row])).logits[0]
         assert torch.allclose(got[-1], want[-1], atol=2e-3, rtol=1e-3), (got[-1] - want[-1]).abs().max()
     want, _ = generate_greedy(
-        tl, ids, max_new_tokens=12, prefill_hooks=lambda last: injection_hooks(tl, adapter.t, adapter.alpha, last)
+        tl, ids, max_new_tokens=8, prefill_hooks=lambda last: injection_hooks(tl, adapter.t, adapter.alpha, last)
     )
     for bs in (16, 1):
-        got = hf.generate(model, tok, prompts, adapter, max_new_tokens=12, batch_size=bs, return_tokens=True)
+        got = hf.generate(model, tok, prompts, adapter, max_new_tokens=8, batch_size=bs, return_tokens=True)
         same = sum(a == b for a, b in zip(got, want))
         assert same >= 0.98 * len(prompts), (bs, same, [(a, b) for a, b in zip(got, want) if a != b][:3])
     moved = Adapter(t=t, theta=theta, model={**adapter.model, "source_sha256": "0" * 64})  # other weights
