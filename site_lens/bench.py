@@ -145,6 +145,11 @@ def lock_path(out: Path, task: str, seed: int, method: str) -> Path:
 def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
     """Write bench.json, keeping the methods and seeds other processes on this folder recorded."""
     with locks.wait(out / LOCKS_DIR / "folder"):
+        if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
+            raise ConfigError(
+                f"{out} holds a rows.csv but no {ROWS_DIR}/ folder (a merged or copied summary): bench would "
+                "replace it with its own rows; use another --out"
+            )
         old = _read_json(out / SPEC_FILE) or {}
         if old.get("model") not in (None, spec["model"]):
             raise ConfigError(f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out")

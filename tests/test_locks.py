@@ -177,6 +177,13 @@ def test_slurm_arrays_without_a_shard_index_are_refused(env):
         bench.slurm_shard(env)
 
 
+def test_a_summary_without_its_rows_is_not_overwritten(tmp_path):
+    (tmp_path / "rows.csv").write_text("task,method\nantonym,site\n")
+    with pytest.raises(ConfigError, match="rows.csv but no rows/"):
+        bench._merge_spec(tmp_path, {"model": "smollm2-135m", "methods": ["site"], "seeds": [0]}, Locks())
+    assert (tmp_path / "rows.csv").read_text() == "task,method\nantonym,site\n"
+
+
 def test_a_folder_of_another_model_is_refused(tmp_path):
     (tmp_path / bench.SPEC_FILE).write_text(json.dumps({"model": "gpt2", "methods": [], "seeds": []}))
     with pytest.raises(ConfigError, match="model 'gpt2'"):
