@@ -28,7 +28,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from .cie import causal_indirect_effect
-from .config import K_GRID, SPARSE_WEIGHTS, SiteConfig
+from .config import K_GRID, SPARSE_WEIGHTS, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
 from .io import Adapter, load_adapter, save_adapter, write_json_atomic, write_text_atomic
 from .methods.site import fit_site
 from .minimal import (
@@ -182,9 +182,18 @@ SETTINGS = (
 )
 
 
+def _with_defaults(recorded: dict) -> dict:
+    """A recorded SiteConfig dict with the fields it lacks at their defaults."""
+    parts = {"embedding": EmbeddingConfig, "selection": SelectionConfig, "eval": EvalConfig}
+    sub = {k: cls.from_dict(recorded[k]) for k, cls in parts.items() if isinstance(recorded.get(k), dict)}
+    return SiteConfig.from_dict({**recorded, **sub}).to_dict()
+
+
 def settings_differ(folder: str | Path, requested: dict) -> list[str]:
     """The settings (``SETTINGS`` keys of ``requested``) a finished folder was made with differently."""
     info = json.loads((Path(folder) / DONE_FILE).read_text())
+    if isinstance(info.get("config"), dict):  # a field added since takes its default, as it did then
+        info["config"] = _with_defaults(info["config"])
     return [k for k in SETTINGS if k in requested and k in info and info[k] != requested[k]]
 
 

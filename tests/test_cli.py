@@ -216,6 +216,11 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     changed = [*argv[: argv.index("--ks") + 1], "1,2", *argv[argv.index("--ks") + 2 :]]
     assert main(changed) == 2  # other settings than the finished folders': refused, nothing mixed
     assert "made with other ks" in capsys.readouterr().err
+    done = out / "up" / "seed0" / "minimal.json"  # a folder recorded before a config field existed: its default
+    info = json.loads(done.read_text())
+    del info["config"]["selection"]["objective"]
+    done.write_text(json.dumps(info))
+    assert main(argv) == 0 and "done already" in capsys.readouterr().out
     assert main([*argv, "--penalties", "l2"]) == 2
     assert "unknown penalty" in capsys.readouterr().err
     assert main(["figures", "--sparse", str(out), "--out", str(tmp_path / "fig")]) == 0
