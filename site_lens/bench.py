@@ -48,7 +48,8 @@ ROWS_DIR = "rows"
 SPEC_FILE = "bench.json"
 LOCKS_DIR = ".locks"
 METRICS = ("first_token_acc", "exact_match", "strict_match")
-ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, "n_trainable", "fit_seconds", "ms_per_query", "n_test")
+OPTIONAL = ("option_acc",)  # multiple-choice tasks only (methods.score_method); None elsewhere
+ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, *OPTIONAL, "n_trainable", "fit_seconds", "ms_per_query", "n_test")
 
 # ---------------------------------------------------------------- choosing what to run
 
@@ -205,7 +206,7 @@ def collect_rows(dirs: Iterable[Path]) -> list[dict[str, Any]]:
             if r is None:
                 log.warning("skipping unreadable row %s", p)
                 continue
-            rows[(r["task"], r["method"], r["seed"])] = {k: r[k] for k in ROW_FIELDS}
+            rows[(r["task"], r["method"], r["seed"])] = {k: r.get(k) if k in OPTIONAL else r[k] for k in ROW_FIELDS}
     return [rows[k] for k in sorted(rows)]
 
 
@@ -226,6 +227,7 @@ def run_row(
         "method": method.name,
         "seed": seed,
         **{k: res[k] for k in METRICS},
+        **{k: res.get(k) for k in OPTIONAL},
         "n_trainable": method.n_trainable,
         "fit_seconds": round(fit_s, 3),
         "ms_per_query": round(res["ms_per_query"], 3),
@@ -323,6 +325,9 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for k in (*METRICS, "n_trainable", "fit_seconds", "ms_per_query"):
             s[k] = sum(r[k] for r in rs) / len(rs) if rs else None
+        for k in OPTIONAL:  # over the rows that have it (multiple-choice tasks)
+            vs = [r[k] for r in rs if r.get(k) is not None]
+            s[k] = sum(vs) / len(vs) if vs else None
         for c in cats:
             cr = [r["exact_match"] for r in rs if r["category"] == c]
             s[f"exact_match_{c}"] = sum(cr) / len(cr) if cr else None
@@ -352,6 +357,7 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
     """The summary table (exact match in %, over the tasks every method finished), then exact match per task."""
     lines = [f"# {title}".rstrip(), ""] if title else []
     cats = [k[len("exact_match_") :] for k in (summary[0] if summary else {}) if k.startswith("exact_match_")]
+    has_options = any(s.get("option_acc") is not None for s in summary)
     head = [
         "method",
         "tasks",
@@ -359,6 +365,7 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
         "first-token %",
         "exact %",
         "strict %",
+        *(["option %"] if has_options else []),
         *[f"exact % {c}" for c in cats],
         "trainable params",
         "fit s",
@@ -375,6 +382,7 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
             pct(s["first_token_acc"]),
             pct(s["exact_match"]),
             pct(s["strict_match"]),
+            *([pct(s.get("option_acc"))] if has_options else []),
             *[pct(s[f"exact_match_{c}"]) for c in cats],
             num(s["n_trainable"], ",.0f"),
             num(s["fit_seconds"], ".1f"),

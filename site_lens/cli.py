@@ -26,6 +26,7 @@ from .commands import (
     cmd_tasks,
 )
 from .config import K_GRID, SPARSE_WEIGHTS
+from .sources.commands import cmd_data_bbh, cmd_data_hf, parse_splits
 
 DESCRIPTION = (
     "SITE (soft head selection for ICL-derived task embeddings) on TransformerLens: build a task embedding "
@@ -39,10 +40,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .config import ConfigError
     from .io import AdapterError
     from .models import ModelError
+    from .sources import SourceError
     from .tasks import TaskError
     from .tokens import PromptTooLongError
 
-    return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError)
+    return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError, SourceError)
 
 
 def comma_list(text: str) -> list[str]:
@@ -122,6 +124,15 @@ EXAMPLES = {
   site-lens sparsify --data path/to/fv --tasks antonym,capitalize --seeds 0,1,2 --out runs/sparse
   site-lens sparsify --data path/to/fv --tasks antonym --penalties l0 --weights-l0 0.003,0.01 --shared
   site-lens figures --sparse runs/sparse --out figures/sparse   # then draw""",
+    "data": """examples:
+  site-lens data bbh --out data/bbh                  # pip-downloads the bigbench sdist (358 MB) once
+  site-lens data bbh --sdist bigbench-1.0.0.tar.gz --tasks navigate,snarks --out data/bbh
+  site-lens data hf facebook/anli --out data/anli --task-name anli_r1 \\
+      --input "Premise: {premise}\\nHypothesis: {hypothesis}" --output label \\
+      --splits train=train_r1,valid=dev_r1,test=test_r1
+  site-lens data hf TIGER-Lab/MMLU-Pro --out data/mmlu_pro --input question --output answer_index \\
+      --options options --group-by category --splits test=test,valid=validation
+  site-lens bench --data data/bbh --tasks navigate,snarks --methods zero_shot,icl,site""",
     "figures": """examples:
   site-lens figures --runs results/head_specificity/runs --out figures
   site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out figures""",
@@ -228,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         default="all",
         help="'all' (default) or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3, and the trained ones "
-        "with the answer-sequence objective: site_seq,i2cl_seq,lora_seq,ia3_seq (not in 'all')",
+        "with the answer-sequence objective: site_seq,i2cl_seq,lora_seq,ia3_seq, or on multiple-choice tasks the "
+        "option-token objective: site_opt,i2cl_opt,lora_opt,ia3_opt (these eight are not in 'all')",
     )
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
     p.add_argument("--out", default=None, help="output folder (default results/MODEL)")
@@ -312,6 +324,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared", action="store_true", help="also train one alpha over all the tasks (first seed's t per task)"
     )
     p.add_argument("--redo", action="store_true", help="recompute finished (task, seed) folders")
+
+    p = add("data", None, "build task folders: BIG-Bench Hard-style tasks from the bigbench sdist, or a hub dataset")
+    data_sub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="bbh or hf")
+    q = data_sub.add_parser("bbh", parents=[verbose], help="BBH-style tasks from the bigbench==1.0.0 sdist")
+    q.set_defaults(func=cmd_data_bbh)
+    q.add_argument("--out", required=True, help="folder for the task folders and README.md")
+    q.add_argument("--sdist", default=None, help="a local bigbench-1.0.0.tar.gz (default: pip download it once)")
+    q.add_argument("--tasks", type=comma_list, default=None, help="comma list of BBH subtasks (default: all 27)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the splits and the option order (default 0)")
+    q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
+    q = data_sub.add_parser("hf", parents=[verbose], help="a datasets.load_dataset dataset into the task layout")
+    q.set_defaults(func=cmd_data_hf)
+    q.add_argument("name", help="dataset name for datasets.load_dataset, e.g. facebook/anli")
+    q.add_argument("--config", default=None, help="dataset configuration name")
+    q.add_argument("--out", required=True, help="folder for the task folder(s)")
+    q.add_argument("--task-name", default=None, help="task folder name (default: from the dataset name)")
+    q.add_argument("--input", required=True, help="input field, or a template over fields such as '{premise} {hypothesis}'")
+    q.add_argument("--output", required=True, help="answer field: a string, a ClassLabel index, or with --options an index/letter")
+    q.add_argument("--options", default=None, help="field holding each row's list of options (lettered (A), (B), ...)")
+    q.add_argument("--label-names", type=comma_list, default=None, help="names for an integer label field, e.g. yes,no")
+    q.add_argument("--group-by", default=None, help="one task per value of this field (e.g. MMLU-Pro's category)")
+    q.add_argument(
+        "--splits",
+        type=parse_splits,
+        default={"train": "train", "valid": "validation", "test": "test"},
+        help="OURS=THEIRS pairs (default train=train,valid=validation,test=test); one pair: that split is divided",
+    )
+    q.add_argument("--max-items", type=int, default=None, help="sample at most this many rows per split (seeded)")
+    q.add_argument("--seed", type=int, default=0, help="seed of sampling and of a divided split (default 0)")
+    q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
 
     p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")
     p.add_argument(

@@ -264,9 +264,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .models import load_model
 
     cfg = site_config_from_args(args)  # a bad config value fails before the model loads
-    from .methods import SEQUENCE_METHODS
+    from .methods import OPTION_METHODS, SEQUENCE_METHODS
 
-    methods = bench.resolve(args.methods, list(METHODS), "method", [m for m in METHODS if m not in SEQUENCE_METHODS])
+    methods = bench.resolve(args.methods, list(METHODS), "method", [m for m in METHODS if m not in (*SEQUENCE_METHODS, *OPTION_METHODS)])
     part = args.shard or bench.slurm_shard()
     if part and not args.shard:
         print(f"Slurm job array: shard {part}", flush=True)

@@ -20,6 +20,10 @@ from typing import Any, TypeVar
 T = TypeVar("T", bound="_Config")
 
 
+OBJECTIVES = ("first_token", "sequence", "option_token")  # training objectives (sequence.py)
+TEACHER_FORCED = ("sequence", "option_token")  # the objectives trained on Example.continuation
+
+
 class ConfigError(ValueError):
     """A config field has a bad value or an unknown name."""
 
@@ -64,7 +68,7 @@ class SelectionConfig(_Config):
     keep_best: bool = True  # restore the theta with the lowest valid loss
     fast: bool = True  # cached prefixes: run only the last prompt token per step (--no-fast: whole prompts)
     backend: str = "auto"  # fast path's backend: auto (packed where the model allows), hooked or packed
-    objective: str = "first_token"  # first_token: CE of the answer's first token (paper); sequence: every answer token and its end
+    objective: str = "first_token"  # first_token: the answer's first token (paper); sequence: every answer token and its end; option_token: the first token where the options differ
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -79,8 +83,8 @@ class SelectionConfig(_Config):
             raise ConfigError("SelectionConfig.eval_every and max_valid must be >= 0")
         if self.backend not in ("auto", "hooked", "packed"):
             raise ConfigError(f"SelectionConfig.backend must be auto, hooked or packed, got {self.backend!r}")
-        if self.objective not in ("first_token", "sequence"):
-            raise ConfigError(f"SelectionConfig.objective must be first_token or sequence, got {self.objective!r}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"SelectionConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from .backend import Backend, PromptCache, backend_for
-from .config import SelectionConfig
+from .config import TEACHER_FORCED, SelectionConfig
 from .gate import AlphaGate
 from .sequence import SequenceCache, sequence_loss
 from .tokens import Example
@@ -73,7 +73,7 @@ class AlphaTrainer:
         is accumulated chunk by chunk and the loss comes back detached.
         """
         prefill = lambda last: self.gate.hooks(self.model, self.t, last)
-        if self.cfg.objective == "sequence":
+        if self.cfg.objective in TEACHER_FORCED:
             ce = sequence_loss(self.model, examples, prefill, backward=backward)
         else:
             ce = first_token_loss(self.model, examples, prefill=prefill, batch_size=max(1, len(examples)), backward=backward)
@@ -101,11 +101,11 @@ class AlphaTrainer:
 
     def backend(self) -> Backend:
         """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model; hooked for 'sequence')."""
-        kind = "hooked" if self.cfg.objective == "sequence" else self.cfg.backend
+        kind = "hooked" if self.cfg.objective in TEACHER_FORCED else self.cfg.backend
         return backend_for(self.model, kind)  # 'auto' defers to use_backend(model, ...)
 
     def _cache(self, examples: Sequence[Example], backend: Backend) -> PromptCache | SequenceCache:
-        if self.cfg.objective == "sequence":
+        if self.cfg.objective in TEACHER_FORCED:
             return SequenceCache(self.model, examples)
         return PromptCache(self.model, examples, backend=backend)
 

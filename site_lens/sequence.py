@@ -19,6 +19,13 @@ example's loss is the mean over its targets; the batch loss is the mean over exa
     loss = sequence_loss(model, examples, prefill=lambda last: hooks(last))   # whole prompts
     cache = SequenceCache(model, examples); cache.loss([0], alpha, t)          # cached prefixes
 
+The option-token objective (``objective = "option_token"``), for multiple-choice tasks whose
+options share their first tokens (every lettered answer ``(A)`` starts with `` (``), scores one
+token: the first where the item's options differ (the letter). The shared tokens before it
+are teacher-forced, unscored; items without options fall back to their first answer token.
+
+    examples = objective_examples(model, task, "train", "option_token")
+
 The cached path computes each prompt's prefix (all tokens but the last) once, then
 runs the last prompt token and the answer tokens against it each step, on the hooked
 model (the packed engine runs one token at a time and is not used here).
@@ -35,9 +42,10 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from .backend import HookedBackend, Prefix
+from .config import OBJECTIVES
 from .gate import HookFactory, Hooks, injection_hooks
-from .tasks import answer_sep
-from .tokens import Example, encode, newline_ids, pad_id, pad_right
+from .tasks import Task, answer_sep, zero_shot_prompts
+from .tokens import Example, encode, make_examples, newline_ids, pad_id, pad_right
 
 DEMO_END = "\n\n"  # what follows an answer in a demonstration (tasks.format_demo)
 
@@ -65,15 +73,50 @@ def sequence_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str
     return out
 
 
+def option_token_sequence(model: HookedTransformer, prompt: str, answer: str, options: Sequence[str]) -> list[int]:
+    """The answer's tokens in context up to and including the first one where the options' tokens differ."""
+    seqs = [answer_sequence(model, prompt, o) for o in options if o != answer]
+    gold = answer_sequence(model, prompt, answer)
+    for i, tok in enumerate(gold):
+        if any(len(s) <= i or s[i] != tok for s in seqs):
+            return gold[: i + 1]
+    raise ValueError(f"answer {answer!r}: its tokens in context equal another option's")
+
+
+def option_token_examples(
+    model: HookedTransformer, prompts: Sequence[tuple[str, str]], options: Sequence[Sequence[str]]
+) -> list[Example]:
+    """Examples scored on the first token where each item's options differ (``scored_from`` marks it)."""
+    out = []
+    for (p, a), opts, ids in zip(prompts, options, encode(model, [p for p, _ in prompts])):
+        seq = option_token_sequence(model, p, a, opts) if opts else answer_sequence(model, p, a)[:1]
+        out.append(Example(tokens=ids, target=seq[0], continuation=tuple(seq), scored_from=len(seq) - 1))
+    return out
+
+
+def objective_examples(model: HookedTransformer, task: Task, split: str, objective: str) -> list[Example]:
+    """A split's zero-shot prompts as the Examples ``objective`` trains on."""
+    prompts = zero_shot_prompts(task.split(split))
+    if objective == "sequence":
+        return sequence_examples(model, prompts)
+    if objective == "option_token":
+        choices = task.split_choices(split)
+        return option_token_examples(model, prompts, [c.options for c in choices] if choices else [()] * len(prompts))
+    if objective == "first_token":
+        return make_examples(model, prompts)
+    raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+
+
 def _check(examples: Sequence[Example]) -> None:
     if any(not e.continuation for e in examples):
         raise ValueError("the sequence objective needs Examples with a continuation (sequence_examples)")
 
 
-def _mean_ce(logits: Tensor, targets: Tensor, lengths: Sequence[int]) -> Tensor:
-    """Sum over rows of each row's mean CE over its first ``lengths[row]`` targets."""
+def _mean_ce(logits: Tensor, targets: Tensor, lengths: Sequence[int], starts: Sequence[int]) -> Tensor:
+    """Sum over rows of each row's mean CE over its targets ``starts[row]`` to ``lengths[row] - 1``."""
     ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
-    keep = torch.arange(targets.shape[1], device=ce.device)[None] < torch.tensor(lengths, device=ce.device)[:, None]
+    pos = torch.arange(targets.shape[1], device=ce.device)[None]
+    keep = (pos < torch.tensor(lengths, device=ce.device)[:, None]) & (pos >= torch.tensor(starts, device=ce.device)[:, None])
     return ((ce * keep).sum(1) / keep.sum(1)).sum()
 
 
@@ -99,7 +142,8 @@ def sequence_loss(
         at_last = prefill(last) if prefill else []
         logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[*hooks, *at_last])  # (1, pos, d_vocab)
         n = len(e.continuation)
-        part = _mean_ce(logits[:, len(e.tokens) - 1 :], torch.tensor([e.continuation], device=logits.device), [n])
+        target = torch.tensor([e.continuation], device=logits.device)
+        part = _mean_ce(logits[:, len(e.tokens) - 1 :], target, [n], [e.scored_from])
         if backward:
             (part / len(examples)).backward()
             part = part.detach()
@@ -142,5 +186,5 @@ class SequenceCache:
                 chunk, attention_mask=torch.ones_like(chunk), past_kv_cache=cache, fwd_hooks=hooks
             )
             target = torch.tensor([e.continuation], device=logits.device)
-            total = total + _mean_ce(logits, target, [len(e.continuation)]).to(device)
+            total = total + _mean_ce(logits, target, [len(e.continuation)], [e.scored_from]).to(device)
         return total / len(indices)

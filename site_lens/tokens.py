@@ -150,6 +150,7 @@ class Example:
     tokens: list[int]
     target: int
     continuation: tuple[int, ...] = ()  # sequence.answer_sequence: answer tokens, then the end-of-answer token
+    scored_from: int = 0  # the first continuation token in the loss (sequence.option_token_examples)
 
 
 def make_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str]]) -> list[Example]:

@@ -6,7 +6,7 @@ from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
 from site_lens.backend import last_logits, use_backend
 from site_lens.config import EvalConfig
-from site_lens.methods import I2CL, IA3, METHODS, SEQUENCE_METHODS, LoRA, TaskContext, score_method
+from site_lens.methods import I2CL, IA3, METHODS, OPTION_METHODS, SEQUENCE_METHODS, LoRA, TaskContext, score_method
 from site_lens.methods.base import train_valid_examples
 from site_lens.tasks import load_task
 from site_lens.training import first_token_loss
@@ -46,8 +46,10 @@ def _all_logits(model, tokens, method):
 
 
 def test_registry_names():
-    assert list(METHODS) == ["zero_shot", "icl", "site", "fv", "tv", "i2cl", "mtv", "lora", "ia3", *SEQUENCE_METHODS]
+    base = ["zero_shot", "icl", "site", "fv", "tv", "i2cl", "mtv", "lora", "ia3"]
+    assert list(METHODS) == [*base, *SEQUENCE_METHODS, *OPTION_METHODS]
     assert SEQUENCE_METHODS == ("site_seq", "i2cl_seq", "lora_seq", "ia3_seq")
+    assert OPTION_METHODS == ("site_opt", "i2cl_opt", "lora_opt", "ia3_opt")
 
 
 def test_trainable_parameter_counts(model, fitted):
@@ -64,7 +66,7 @@ def test_trainable_parameter_counts(model, fitted):
         "lora": c.n_layers * (2 * c.d_model * 8 + 8 * c.n_heads * c.d_head + 8 * kv * c.d_head),
         "ia3": c.n_layers * (2 * kv * c.d_head + c.d_mlp),
     }
-    expected |= {f"{b}_seq": expected[b] for b in ("site", "i2cl", "lora", "ia3")}  # the same parameters
+    expected |= {f"{b}_{s}": expected[b] for b in ("site", "i2cl", "lora", "ia3") for s in ("seq", "opt")}  # the same parameters
     assert {n: m.n_trainable for n, m in fitted.items()} == expected
 
 

@@ -128,3 +128,70 @@ def test_site_seq_is_site_with_the_sequence_objective():
     assert configured("site", cfg).selection.objective == "first_token"
     short = replace(cfg, selection=replace(cfg.selection, steps=7))
     assert bench.row_spec("m", short, "site_seq")["settings"] == {"selection.steps": 7}
+
+
+# ---------------------------------------------------------------- the option-token objective
+
+LETTERS = ["(A)", "(B)", "(C)"]
+
+
+def test_option_token_scores_the_first_token_where_options_differ(model):
+    """Lettered answers share " (": the target is the letter, after " (" teacher-forced and unscored."""
+    from site_lens.sequence import option_token_examples
+
+    prompts = [(f"Q: pick {w}\nA:", LETTERS[i % 3]) for i, w in enumerate(WORDS)]
+    ex = option_token_examples(model, prompts, [LETTERS] * len(prompts))
+    tok = model.tokenizer
+    for e, (_, y) in zip(ex, prompts):
+        assert tok.decode(e.continuation[e.scored_from]) == y[1]  # the letter
+        assert tok.decode(e.continuation[: e.scored_from]) == " ("  # shared, fed in, not scored
+    # no injection: the loss is the first-token loss of the prompt extended by the shared tokens
+    from site_lens.tokens import encode
+
+    extended = [Example(ids, e.continuation[-1]) for ids, e in zip(encode(model, [p + " (" for p, _ in prompts]), ex)]
+    assert all(x.tokens == [*e.tokens, *e.continuation[:-1]] for x, e in zip(extended, ex))
+    ref = first_token_loss(model, extended)
+    assert torch.allclose(sequence_loss(model, ex), ref, atol=1e-5)
+    alpha = torch.rand(model.cfg.n_layers, model.cfg.n_heads)
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    cached = SequenceCache(model, ex).loss(range(len(ex)), alpha, t)
+    whole = sequence_loss(model, ex, prefill=lambda last: injection_hooks(model, t, alpha, last))
+    assert torch.allclose(cached, whole, atol=1e-5)
+    # options that differ at once (digits take no space): the first answer token, as first_token's
+    digits = [(f"Q: {w}\nA:", str(len(w))) for w in WORDS[:4]]
+    at_once = option_token_examples(model, digits, [[y, "9"] for _, y in digits])
+    assert [e.scored_from for e in at_once] == [0] * 4
+    assert [e.target for e in at_once] == [e.target for e in make_examples(model, digits)]
+
+
+def test_site_opt_trains_on_the_letter(model, tmp_path):
+    import json
+
+    from site_lens.config import SiteConfig
+    from site_lens.methods import METHODS, configured
+    from site_lens.sequence import objective_examples
+    from site_lens.tasks import load_task
+
+    d = tmp_path / "mc"
+    d.mkdir()
+    for s, n in [("train", 12), ("valid", 4), ("test", 4)]:
+        items = [{"input": f"{i}", "output": LETTERS[i % 3], "options": LETTERS} for i in range(n)]
+        (d / f"{s}.json").write_text(json.dumps(items))
+    task = load_task(d)
+    ex = objective_examples(model, task, "train", "option_token")
+    assert all(e.scored_from == 2 for e in ex)  # " ", "(" then the letter on the character tokenizer
+    assert METHODS["lora_opt"]().train_cfg.objective == "option_token"
+    from dataclasses import replace
+
+    from small import SMALL_EMBEDDING
+
+    from site_lens.config import SelectionConfig
+
+    cfg = SiteConfig(embedding=replace(SMALL_EMBEDDING, n_shots=2), selection=SelectionConfig(steps=4, eval_every=2, max_valid=4))
+    m = configured("site_opt", cfg)
+    assert (m.name, m.selection.objective) == ("site_opt", "option_token")
+    m.fit(model, task, 0)
+    theta = m.adapter.theta
+    assert not torch.allclose(theta, torch.zeros_like(theta))  # a gradient reached the gate through the letter
+    with pytest.raises(ValueError, match="unknown objective"):
+        objective_examples(model, task, "train", "letters")

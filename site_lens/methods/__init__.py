@@ -37,20 +37,31 @@ METHODS: dict[str, Callable[[], Method]] = {
 }
 
 
-def with_sequence_objective(method: Method, name: str) -> Method:
-    """``method`` trained with the answer-sequence objective, under its own name."""
+def with_objective(method: Method, objective: str, name: str) -> Method:
+    """``method`` trained with ``objective`` (config.OBJECTIVES), under its own name."""
     method.name = name
     if isinstance(method, Site):
-        method.selection = dataclasses.replace(method.selection, objective="sequence")
+        method.selection = dataclasses.replace(method.selection, objective=objective)
     else:
-        method.train_cfg = dataclasses.replace(method.train_cfg, objective="sequence")
+        method.train_cfg = dataclasses.replace(method.train_cfg, objective=objective)
     return method
 
 
-# the trained methods with the answer-sequence objective (sequence.py) instead of the first token
-for _base in ("site", "i2cl", "lora", "ia3"):
-    METHODS[f"{_base}_seq"] = lambda b=_base: with_sequence_objective(METHODS[b](), f"{b}_seq")
+def with_sequence_objective(method: Method, name: str) -> Method:
+    """``method`` trained with the answer-sequence objective, under its own name."""
+    return with_objective(method, "sequence", name)
+
+
+# the trained methods with the answer-sequence objective (_seq) or, for multiple-choice tasks, the
+# option-token objective (_opt: the first token where the options differ), instead of the first token
+SUFFIXES = {"seq": "sequence", "opt": "option_token"}
+for _suffix, _objective in SUFFIXES.items():
+    for _base in ("site", "i2cl", "lora", "ia3"):
+        METHODS[f"{_base}_{_suffix}"] = lambda b=_base, s=_suffix, o=_objective: with_objective(
+            METHODS[b](), o, f"{b}_{s}"
+        )
 SEQUENCE_METHODS = ("site_seq", "i2cl_seq", "lora_seq", "ia3_seq")
+OPTION_METHODS = ("site_opt", "i2cl_opt", "lora_opt", "ia3_opt")
 
 
 def make_method(name: str) -> Method:
@@ -67,8 +78,8 @@ def configured(name: str, cfg: SiteConfig, progress: Callable[[int, float], None
         return ICL(n_shots=cfg.embedding.n_shots)
     if name == "site":
         return Site(cfg.embedding, cfg.selection, progress)
-    if name == "site_seq":
-        return with_sequence_objective(Site(cfg.embedding, cfg.selection, progress), name)
+    if name.startswith("site_") and name[len("site_") :] in SUFFIXES:
+        return with_objective(Site(cfg.embedding, cfg.selection, progress), SUFFIXES[name[len("site_") :]], name)
     return make_method(name)
 
 
@@ -77,6 +88,7 @@ __all__ = [
     "IA3",
     "ICL",
     "METHODS",
+    "OPTION_METHODS",
     "SEQUENCE_METHODS",
     "FunctionVector",
     "LoRA",
@@ -93,5 +105,6 @@ __all__ = [
     "fit_site",
     "make_method",
     "score_method",
+    "with_objective",
     "with_sequence_objective",
 ]

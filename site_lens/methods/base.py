@@ -37,14 +37,14 @@ from transformer_lens import HookedTransformer
 
 from ..backend import PromptCache
 from ..choice import option_accuracy, option_logprobs
-from ..config import ConfigError, EmbeddingConfig, EvalConfig, _Config
+from ..config import OBJECTIVES, TEACHER_FORCED, ConfigError, EmbeddingConfig, EvalConfig, _Config
 from ..embeddings import build_task_embedding
 from ..gate import HookFactory, Hooks
 from ..inject import generate_greedy
 from ..metrics import score
-from ..sequence import sequence_examples, sequence_loss
+from ..sequence import objective_examples, sequence_loss
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
-from ..tokens import Example, answer_ids, encode, fit_batches, make_examples, pad_id, pad_right
+from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
 from ..training import first_token_loss, frozen, schedule, train_loop
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class TrainConfig(_Config):
     batch_size: int = 8  # zero-shot prompts per step
     eval_every: int = 25  # valid loss every this many steps (and at the end); 0 = never
     max_valid: int = 50  # valid items for model selection
-    objective: str = "first_token"  # or "sequence": every answer token and its end (sequence.py)
+    objective: str = "first_token"  # or "sequence" / "option_token" (config.OBJECTIVES, sequence.py)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -223,8 +223,8 @@ class TrainConfig(_Config):
             raise ConfigError(f"TrainConfig.lr must be a finite number > 0, got {self.lr}")
         if self.eval_every < 0 or self.max_valid < 0:
             raise ConfigError("TrainConfig.eval_every and max_valid must be >= 0")
-        if self.objective not in ("first_token", "sequence"):
-            raise ConfigError(f"TrainConfig.objective must be first_token or sequence, got {self.objective!r}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"TrainConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 def train_params(
@@ -248,7 +248,7 @@ def train_params(
     valid = list(valid)[: cfg.max_valid]
 
     def loss(examples: Sequence[Example], backward: bool = False) -> Tensor:
-        if cfg.objective == "sequence":
+        if cfg.objective in TEACHER_FORCED:
             return sequence_loss(model, examples, hooks=hooks(), backward=backward)
         return first_token_loss(model, examples, hooks(), backward=backward)
 
@@ -276,8 +276,7 @@ def train_valid_examples(
     model: HookedTransformer, task: Task, objective: str = "first_token"
 ) -> tuple[list[Example], list[Example]]:
     """Zero-shot train and valid prompts as examples: (tokens, first answer token), and continuations for 'sequence'."""
-    make = sequence_examples if objective == "sequence" else make_examples
-    return make(model, zero_shot_prompts(task.train)), make(model, zero_shot_prompts(task.valid))
+    return objective_examples(model, task, "train", objective), objective_examples(model, task, "valid", objective)
 
 
 def choose_layer(

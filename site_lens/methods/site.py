@@ -26,9 +26,8 @@ from ..gate import HookFactory
 from ..io import Adapter
 from ..models import model_identity
 from ..selection import AlphaTrainer
-from ..sequence import sequence_examples
-from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
-from ..tokens import make_examples
+from ..sequence import objective_examples
+from ..tasks import Task, check_enough, sample_icl_prompts
 from ..training import TrainHistory
 from .base import Method, TaskContext
 
@@ -72,9 +71,8 @@ def fit_site(
         t = build_task_embedding(model, [p for p, _ in prompts], batch_size=cfg.embedding.batch_size)
     seconds["embedding"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    examples = sequence_examples if cfg.selection.objective == "sequence" else make_examples
-    train = examples(model, zero_shot_prompts(task.train))
-    valid = examples(model, zero_shot_prompts(task.valid))
+    train = objective_examples(model, task, "train", cfg.selection.objective)
+    valid = objective_examples(model, task, "valid", cfg.selection.objective)
     trainer = AlphaTrainer(model, t, cfg.selection, seed=cfg.seed)
     gate = trainer.fit(train, valid, progress=progress)
     seconds["selection"] = time.perf_counter() - t0
