@@ -61,7 +61,8 @@ def available_tasks(data_dir: str | Path | None) -> list[str]:
     d = Path(data_dir)
     if not d.is_dir():
         raise TaskError(f"{d}: data folder not found")
-    return sorted(p.name if p.is_dir() else p.stem for p in d.iterdir() if p.is_dir() or p.suffix == ".json")
+    found = [p for p in d.iterdir() if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".json")]
+    return sorted(p.name if p.is_dir() else p.stem for p in found)
 
 
 def resolve(spec: str, valid: Sequence[str], what: str, every: Sequence[str] | None = None) -> list[str]:
@@ -161,7 +162,7 @@ def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
 
 # Which settings each method's numbers depend on, beyond the model and the scoring caps
 # (batch sizes and the backend change no result and are left out).
-_EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "site_seq": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
+_EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "site_seq": ("n_prompts", "n_shots"), "site_opt": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
                     "mtv": ("n_prompts", "n_shots"), "icl": ("n_shots",)}
 _SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast", "objective")
 
@@ -182,7 +183,7 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
     for k in _EMBEDDING_USERS.get(method, ()):
         if getattr(cfg.embedding, k) != getattr(default.embedding, k):
             changed[f"embedding.{k}"] = getattr(cfg.embedding, k)
-    if method in ("site", "site_seq"):
+    if method in ("site", "site_seq", "site_opt"):
         for k in _SELECTION:
             if getattr(cfg.selection, k) != getattr(default.selection, k):
                 changed[f"selection.{k}"] = getattr(cfg.selection, k)

@@ -131,7 +131,7 @@ EXAMPLES = {
       --input "Premise: {premise}\\nHypothesis: {hypothesis}" --output label \\
       --splits train=train_r1,valid=dev_r1,test=test_r1
   site-lens data hf TIGER-Lab/MMLU-Pro --out data/mmlu_pro --input question --output answer_index \\
-      --options options --group-by category --splits test=test,valid=validation
+      --options options --group-by category --splits test=test
   site-lens bench --data data/bbh --tasks navigate,snarks --methods zero_shot,icl,site""",
     "figures": """examples:
   site-lens figures --runs results/head_specificity/runs --out figures
@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--splits",
         type=parse_splits,
         default={"train": "train", "valid": "validation", "test": "test"},
-        help="OURS=THEIRS pairs (default train=train,valid=validation,test=test); one pair: that split is divided",
+        help="OURS=THEIRS pairs for all three splits (default train=train,valid=validation,test=test), or one pair: "
+        "that split is divided",
     )
     q.add_argument("--max-items", type=int, default=None, help="sample at most this many rows per split (seeded)")
     q.add_argument("--seed", type=int, default=0, help="seed of sampling and of a divided split (default 0)")

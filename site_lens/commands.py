@@ -314,6 +314,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from .tasks import TaskError, load_task
 
     cfg = site_config_from_args(args)
+    if cfg.selection is not None and cfg.selection.objective != "first_token":
+        raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
     tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
     seeds = args.seeds or [cfg.seed]
     bad = [p for p in args.penalties if p not in ("l0", "l1")]

@@ -22,7 +22,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from .backend import PromptCache, backend_for
-from .config import SelectionConfig
+from .config import ConfigError, SelectionConfig
 from .gate import AlphaGate
 from .tasks import Task, zero_shot_prompts
 from .tokens import make_examples
@@ -52,6 +52,8 @@ def fit_shared(
 ) -> SharedFit:
     """Train one theta over every task in ``tasks`` (``ts[name]`` is that task's t); fast path only."""
     cfg = cfg or SelectionConfig()
+    if cfg.objective != "first_token":
+        raise ConfigError(f"the shared gate trains on the first answer token only, got objective {cfg.objective!r}")
     names = list(tasks)
     if not names or set(names) != set(ts):
         raise ValueError(f"fit_shared needs one t per task: tasks {sorted(tasks)}, t for {sorted(ts)}")

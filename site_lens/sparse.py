@@ -126,6 +126,7 @@ def hard_concrete_theta(theta: Float[Tensor, "layer head_index"], low: float = -
 
 
 def _train_valid(model: HookedTransformer, task: Task) -> tuple[list[Example], list[Example]]:
+    """First-token examples: sparse SITE trains on the paper's objective only."""
     return make_examples(model, zero_shot_prompts(task.train)), make_examples(model, zero_shot_prompts(task.valid))
 
 
@@ -151,6 +152,8 @@ def fit_sparse(
 
         prompts = embedding_prompts(task, cfg.embedding, cfg.seed)
         t = build_task_embedding(model, [p for p, _ in prompts], batch_size=cfg.embedding.batch_size)
+    if cfg.selection.objective != "first_token":
+        raise ConfigError(f"sparse SITE trains on the first answer token only, got objective {cfg.selection.objective!r}")
     train, valid = examples or _train_valid(model, task)
     t0 = time.perf_counter()
     trainer = SparseTrainer(model, t, cfg.selection, sparsity, seed=cfg.seed, theta=theta)

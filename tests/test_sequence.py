@@ -128,6 +128,7 @@ def test_site_seq_is_site_with_the_sequence_objective():
     assert configured("site", cfg).selection.objective == "first_token"
     short = replace(cfg, selection=replace(cfg.selection, steps=7))
     assert bench.row_spec("m", short, "site_seq")["settings"] == {"selection.steps": 7}
+    assert bench.row_spec("m", short, "site_opt")["settings"] == {"selection.steps": 7}  # a rerun with other steps refits
 
 
 # ---------------------------------------------------------------- the option-token objective

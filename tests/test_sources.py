@@ -42,7 +42,12 @@ def _fake_sdist(tmp_path):
             ]
         },
         "logical_deduction/three_objects": {
-            "examples": [{"input": f"scene {i}", "target_scores": {"a": 1, "b": int(i < 5), "c": 0}} for i in range(30)]
+            "examples": [  # ten scenes, three questions each (other options); five items with two correct options
+                {"input": f"scene {i // 3}", "target_scores": {f"a{i}": 1, f"b{i}": int(i < 5), f"c{i}": 0}}
+                for i in range(30)
+            ]
+            + [{"input": "scene 9", "target_scores": {"a29": 1, "b29": 0, "c29": 0}}]  # a repeat: kept once
+            + [{"input": "scene 8", "target_scores": {"a26": 0, "b26": 1, "c26": 0}}]  # another answer: both go
         },
     }
     path = tmp_path / "bigbench-1.0.0.tar.gz"
@@ -101,6 +106,10 @@ def test_bbh_build_writes_loadable_tasks_with_options_splits_and_readme(tmp_path
 
     meta = json.loads((out / "logical_deduction_three_objects" / "meta.json").read_text())
     assert meta["items_dropped"] == 5  # two correct options: dropped, not guessed
+    assert meta["items_repeated"] == 3 and sum(meta["sizes"].values()) == 30 - 5 - 1
+    logic = load_task(out / "logical_deduction_three_objects")
+    scenes = {s: {x.split("\n")[0] for x, _ in logic.split(s)} for s in SPLITS}
+    assert not (scenes["train"] & scenes["test"]) and not (scenes["train"] & scenes["valid"])  # a scene in one split
     readme = (out / "README.md").read_text()
     assert all(f"| {t} |" in readme for t in TASKS) and "bigbench==1.0.0" in readme
 
@@ -258,6 +267,14 @@ def test_hub_mmlu_pro_letters_and_one_task_per_group(tmp_path):
 
 
 def test_hub_refusals_name_the_problem(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SourceError, match="all of train/valid/test"):
+        convert_dataset(
+            _anli(), tmp_path, "x", input="premise", output="label", splits={"train": "train_r1", "test": "test_r1"}
+        )
+    with pytest.raises(SourceError, match="group-by field"):
+        convert_dataset(
+            _anli(), tmp_path, "x", input="premise", output="label", splits={"test": "train_r1"}, group_by="subject"
+        )
     with pytest.raises(SourceError, match="no split"):
         convert_dataset(_anli(), tmp_path, "x", input="premise", output="label", splits={"test": "test"})
     with pytest.raises(SourceError, match="missing field"):

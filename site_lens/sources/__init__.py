@@ -43,17 +43,28 @@ def lettered(question: str, options: Sequence[str]) -> tuple[str, list[str]]:
     return "\n".join(lines), letters
 
 
+GROUP = "group"  # an item key that keeps items of one source question in one split; not written
+
+
 def split_items(items: Sequence[Item], seed: int, n_test: int = 250, n_valid: int = 50) -> dict[str, list[Item]]:
     """Shuffle with ``seed``; test takes up to ``n_test`` items (at most 40 %), valid up to ``n_valid``
-    (at most 10 %, at least one), train the rest."""
+    (at most 10 %, at least one), train the rest. Items sharing a ``"group"`` stay in one split."""
     if len(items) < 12:
         raise SourceError(f"{len(items)} items are too few for train, valid and test splits (need 12)")
-    order = list(range(len(items)))
+    groups: dict[Any, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault(it.get(GROUP, i), []).append(i)
+    order = list(groups.values())
     random.Random(seed).shuffle(order)
-    test = min(n_test, int(0.4 * len(items)))
-    valid = max(1, min(n_valid, int(0.1 * len(items))))
-    parts = {"test": order[:test], "valid": order[test : test + valid], "train": order[test + valid :]}
-    return {s: [items[i] for i in parts[s]] for s in SPLITS}
+    want = {"test": min(n_test, int(0.4 * len(items))), "valid": max(1, min(n_valid, int(0.1 * len(items))))}
+    parts: dict[str, list[int]] = {s: [] for s in SPLITS}
+    for members in order:
+        # the first split with room for the whole group; never an empty split
+        split = next((s for s in ("test", "valid") if not parts[s] or len(parts[s]) + len(members) <= want[s]), "train")
+        parts[split] += members
+    if not parts["train"]:
+        raise SourceError(f"{len(groups)} distinct questions are too few for train, valid and test splits")
+    return {s: [{k: v for k, v in items[i].items() if k != GROUP} for i in parts[s]] for s in SPLITS}
 
 
 def chance_level(items: Sequence[Item]) -> float | None:
@@ -85,8 +96,12 @@ def write_task(
         if final.exists():
             old = out / f".{name}.{owner_tag()}.old"
             final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old)
+            try:
+                tmp.rename(final)
+            except OSError:
+                old.rename(final)  # the old folder stays in place
+                raise
+            shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
     finally:

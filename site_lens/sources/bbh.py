@@ -9,7 +9,7 @@ some (dyck_languages is multiple choice in BIG-bench and generation in BBH); her
 BIG-bench item is a candidate and the splits are seeded. Formats:
 
     letters   "<question>\\nOptions:\\n(A) ...\\n(B) ..."  ->  "(B)"    (options shuffled per item)
-    words     a two-way choice between one-word answers       ->  "valid"
+    words     the options as BIG-bench gives them (True/False, or snarks' and hyperbaton's own (a)/(b))  ->  "valid"
     generate  the answer written out                           ->  "] }", "gelatine stick"
 
     build_bbh(Path("data/bbh"), sdist=Path("bigbench-1.0.0.tar.gz"))   # or sdist=None: pip download
@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from . import Item, SourceError, lettered, split_items, write_task
+from . import GROUP, Item, SourceError, lettered, split_items, write_task
 from .generated import generate
 
 BIGBENCH = "bigbench==1.0.0"
@@ -42,7 +42,7 @@ TASKS: dict[str, tuple[str | None, str]] = {
     "dyck_languages": ("dyck_languages", "generate"),
     "formal_fallacies": ("formal_fallacies_syllogisms_negation", "words"),
     "geometric_shapes": ("geometric_shapes", "letters"),
-    "hyperbaton": ("hyperbaton", "letters"),
+    "hyperbaton": ("hyperbaton", "words"),  # the input names the candidates "a" and "b" already
     "logical_deduction_three_objects": ("logical_deduction/three_objects", "letters"),
     "logical_deduction_five_objects": ("logical_deduction/five_objects", "letters"),
     "logical_deduction_seven_objects": ("logical_deduction/seven_objects", "letters"),
@@ -54,7 +54,7 @@ TASKS: dict[str, tuple[str | None, str]] = {
     "reasoning_about_colored_objects": ("reasoning_about_colored_objects", "letters"),
     "ruin_names": ("ruin_names", "letters"),
     "salient_translation_error_detection": ("salient_translation_error_detection", "letters"),
-    "snarks": ("snarks", "letters"),
+    "snarks": ("snarks", "words"),  # the input letters the candidates "(a)" and "(b)" already
     "sports_understanding": ("sports_understanding", "words"),
     "temporal_sequences": ("temporal_sequences", "letters"),
     "tracking_shuffled_objects_three_objects": ("tracking_shuffled_objects/three_objects", "letters"),
@@ -98,42 +98,52 @@ def read_task_files(sdist: Path, paths: set[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def convert_examples(spec: dict[str, Any], fmt: str, rng: random.Random) -> tuple[list[Item], int]:
-    """A BIG-bench task's examples as items in ``fmt``, and how many were dropped (no single correct option)."""
+def convert_examples(spec: dict[str, Any], fmt: str, rng: random.Random) -> tuple[list[Item], int, int]:
+    """A BIG-bench task's examples as items in ``fmt``; how many had no single correct option, and how many
+    were repeats (a question with the same options seen before; with another answer, all its copies go).
+
+    Each item's ``group`` is its BIG-bench input, so one scene asked several questions stays in one split.
+    """
     prefix = str(spec.get("task_prefix", "")).strip()
     prefix = prefix if 0 < len(prefix) <= PREFIX_MAX else ""
-    items, dropped, seen = [], 0, set()
+    by_key: dict[tuple, list[tuple[dict[str, Any], str, list[str]]]] = {}
+    unclear = 0
     for ex in spec.get("examples", []):
         question = str(ex["input"]).strip()
-        question = f"{prefix}\n{question}" if prefix else question
         if "target_scores" in ex:
             scores = ex["target_scores"]
             correct = [o for o, v in scores.items() if v == 1]
             if len(correct) != 1 or any(v not in (0, 1) for v in scores.values()):
-                dropped += 1
+                unclear += 1
                 continue
-            options = [str(o).strip() for o in scores]
-            gold = str(correct[0]).strip()
+            options, gold = [str(o).strip() for o in scores], str(correct[0]).strip()
         else:
             targets = ex["target"] if isinstance(ex["target"], list) else [ex["target"]]
-            targets = [str(t).strip() for t in targets]
-            options, gold = [], min(targets, key=lambda t: not t[:1].isdigit())  # digits first ("3" for "three")
+            options, gold = [], min((str(t).strip() for t in targets), key=lambda t: not t[:1].isdigit())  # "3" first
+        by_key.setdefault((question, tuple(sorted(options))), []).append((ex, gold, options))
+    items, repeats = [], 0
+    for (question, _), copies in by_key.items():
+        repeats += len(copies) - 1
+        if len({gold for _, gold, _ in copies}) > 1:  # the same question with different answers
+            repeats += 1
+            continue
+        ex, gold, options = copies[0]
+        text = f"{prefix}\n{question}" if prefix else question
         if fmt == "letters":
             rng.shuffle(options)
-            text, letters = lettered(question, options)
+            text, letters = lettered(text, options)
             item = {"input": text, "output": letters[options.index(gold)], "options": letters}
         elif fmt == "words":
-            item = {"input": question, "output": gold, "options": options}
+            item = {"input": text, "output": gold, "options": options}
         else:
-            item = {"input": question, "output": gold}
-            if "target" in ex and isinstance(ex["target"], list) and len(ex["target"]) > 1:
+            item = {"input": text, "output": gold}
+            if isinstance(ex.get("target"), list) and len(ex["target"]) > 1:
                 item["answers"] = [str(t).strip() for t in ex["target"]]
-        if "\n" in item["output"] or (item["input"], item["output"]) in seen:
-            dropped += 1
+        if "\n" in item["output"]:
+            unclear += 1
             continue
-        seen.add((item["input"], item["output"]))
-        items.append(item)
-    return items, dropped
+        items.append({**item, GROUP: question})
+    return items, unclear, repeats
 
 
 def build_bbh(
@@ -145,7 +155,9 @@ def build_bbh(
     cache: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Write BBH-style task folders under ``out`` and a README; one summary row per task."""
-    names = tasks or list(TASKS)
+    names = list(TASKS) if tasks is None else list(dict.fromkeys(tasks))
+    if not names:
+        raise SourceError("no BBH task named (--tasks is empty)")
     unknown = [t for t in names if t not in TASKS]
     if unknown:
         raise SourceError(f"unknown BBH task(s) {unknown}; known: {', '.join(TASKS)}")
@@ -164,9 +176,10 @@ def build_bbh(
         path, fmt = TASKS[name]
         rng = random.Random(f"{name}:{seed}")
         if path is None:
-            items, dropped, source = generate(name, MAX_ITEMS, seed), 0, "generated by site_lens.sources.generated"
+            items, dropped, repeats = generate(name, MAX_ITEMS, seed), 0, 0
+            source = "generated by site_lens.sources.generated"
         else:
-            items, dropped = convert_examples(specs[path], fmt, rng)
+            items, dropped, repeats = convert_examples(specs[path], fmt, rng)
             source = f"{BIGBENCH} sdist, {ROOT}{path}/task.json"
         n_found = len(items)
         if len(items) > MAX_ITEMS:
@@ -183,6 +196,7 @@ def build_bbh(
             "seed": seed,
             "items_found": n_found,
             "items_dropped": dropped,
+            "items_repeated": repeats,
             "median_input_chars": lengths[len(lengths) // 2],
         }
         folder = write_task(out, name, splits, meta, overwrite=overwrite)
@@ -206,17 +220,19 @@ def write_readme(out: Path) -> None:
         "Apache-2.0); boolean_expressions, multistep_arithmetic_two and web_of_lies, which BIG-bench",
         "defines as programs, are generated by site-lens. BBH-style, not BBH: every BIG-bench item is a",
         "candidate (at most 1,000 sampled per task), options are shuffled per item and lettered where BBH",
-        "letters them, items without exactly one correct option are dropped, and the splits are seeded",
+        "letters them; items without exactly one correct option are dropped (dropped), a question repeated",
+        "with the same options is kept once and one repeated with another answer not at all (repeats); the",
+        "splits are seeded and keep the questions about one BIG-bench input (a logical_deduction scene) together",
         f"(seed {', '.join(map(str, seeds))}; test up to 250 items, valid up to 50, train the rest; sizes in each meta.json).",
         "",
-        "| task | format | train | valid | test | chance | median input (chars) | dropped | source |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | format | train | valid | test | chance | median input (chars) | dropped | repeats | source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s, ch = r["sizes"], r["chance"]
         chance = "-" if ch is None else f"{ch:.3f}"
         lines.append(
             f"| {r['task']} | {r['format']} | {s['train']} | {s['valid']} | {s['test']} | {chance} | "
-            f"{r['median_input_chars']} | {r['items_dropped']} | {r['source']} |"
+            f"{r['median_input_chars']} | {r['items_dropped']} | {r.get('items_repeated', 0)} | {r['source']} |"
         )
     (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -23,8 +23,10 @@ def parse_splits(text: str) -> dict[str, str]:
 
 
 def cmd_data_bbh(args: argparse.Namespace) -> int:
+    from ..commands import check_writable
     from .bbh import build_bbh
 
+    check_writable(Path(args.out))
     rows = build_bbh(
         Path(args.out),
         sdist=Path(args.sdist) if args.sdist else None,
@@ -43,8 +45,10 @@ def cmd_data_bbh(args: argparse.Namespace) -> int:
 
 
 def cmd_data_hf(args: argparse.Namespace) -> int:
+    from ..commands import check_writable
     from .hub import convert_dataset
 
+    check_writable(Path(args.out))
     try:
         import datasets
     except ImportError:

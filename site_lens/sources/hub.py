@@ -16,8 +16,8 @@ options, which are then lettered after the input as in BBH::
                     output="answer_index", options="options", group_by="category",
                     splits={"test": "test"})
 
-When only some splits are mapped, the first mapped split is divided (seeded) into
-train, valid and test (``sources.split_items``).
+Map all three of train, valid and test, or one split, which is then divided (seeded)
+into the three (``sources.split_items``).
 """
 
 from __future__ import annotations
@@ -108,8 +108,12 @@ def convert_dataset(
 ) -> list[Path]:
     """Write one task folder (or one per ``group_by`` value) from ``dataset``'s splits; their paths."""
     bad = [s for s in splits if s not in SPLITS]
-    if bad or not splits:
-        raise SourceError(f"splits map train/valid/test to dataset splits, got {dict(splits)}")
+    if bad or len(splits) not in (1, 3):
+        raise SourceError(
+            f"splits map all of train/valid/test to dataset splits, or one of them (then divided), got {dict(splits)}"
+        )
+    if max_items is not None and max_items < 1:
+        raise SourceError(f"max_items must be at least 1, got {max_items}")
     absent = [v for v in splits.values() if v not in dataset]
     if absent:
         raise SourceError(f"dataset has no split(s) {absent} (has {', '.join(dataset)})")
@@ -123,7 +127,9 @@ def convert_dataset(
             if item is None:
                 dropped += 1
                 continue
-            key = name if group_by is None else f"{name}_{_slug(str(row.get(group_by, '')))}"
+            if group_by is not None and group_by not in row:
+                raise SourceError(f"split {theirs!r}: no group-by field {group_by!r} (fields: {', '.join(row)})")
+            key = name if group_by is None else f"{name}_{_slug(str(row[group_by]))}"
             groups.setdefault(key, {}).setdefault(ours, []).append(item)
     if not groups:
         raise SourceError("no row had a usable answer")
@@ -132,9 +138,11 @@ def convert_dataset(
         rng = random.Random(f"{key}:{seed}")
         if max_items:
             parts = {s: rng.sample(v, min(max_items, len(v))) for s, v in parts.items()}
-        if set(parts) != set(SPLITS):
-            first = next(s for s in splits if s in parts)
-            parts = split_items(parts[first], seed)
+        if len(splits) == 1:
+            parts = split_items(parts[next(iter(splits))], seed)
+        elif set(parts) != set(SPLITS):
+            missing = sorted(set(SPLITS) - set(parts))
+            raise SourceError(f"task {key}: no rows in its {', '.join(missing)} split; map one split to divide it instead")
         meta = {"category": category, "source": source, "seed": seed, "rows_dropped": dropped, "splits": dict(splits)}
         written.append(write_task(out, key, parts, meta, overwrite=overwrite))
     return written
