@@ -5,12 +5,14 @@
 # task of each FV category in sorted order: 10 abstractive, the first 10 such extractive ones).
 # Rows are locked, so any number of processes can share the folder:
 #   benchmarks/run_sequence.sh smollm2-135m &   benchmarks/run_sequence.sh smollm2-135m &
+# METHODS=site_seq,lora_seq,i2cl_seq runs only the new variants; benchmarks/sequence_table.py
+# then takes the first-token rows and ICL from the 45-task bench folder (results/MODEL/).
 set -euo pipefail
 MODEL=${1:-smollm2-135m}
 DATA=${DATA:-../shared/datasets/fv}
 OUT=${OUT:-results/sequence/$MODEL}
 PY=${PY:-.venv/bin/python}
-METHODS=site,site_seq,icl,lora,lora_seq,i2cl,i2cl_seq
+METHODS=${METHODS:-site,site_seq,icl,lora,lora_seq,i2cl,i2cl_seq}
 if [ "$MODEL" = smollm2-135m ]; then
   TASKS=all
 else

@@ -10,6 +10,7 @@ re-strided (``fast_layout``), in eval mode, frozen.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import warnings
@@ -208,14 +209,18 @@ def join_gguf(parts: list[Path], joined: Path) -> Path:
     """The GGUF file itself, or its parts concatenated once into ``joined``."""
     if len(parts) == 1:
         return parts[0]
-    if not joined.exists():
+    if not joined.exists():  # processes starting together each write their own temp; the last rename wins
         joined.parent.mkdir(parents=True, exist_ok=True)
-        tmp = joined.with_suffix(".tmp")
-        with open(tmp, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 22)
-        os.replace(tmp, joined)
+        tmp = joined.parent / f".{joined.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for p in parts:
+                    with open(p, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
+            os.replace(tmp, joined)
+        finally:
+            tmp.unlink(missing_ok=True)
     return joined
 
 

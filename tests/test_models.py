@@ -44,3 +44,28 @@ def test_finalize_moves_dtype_and_keeps_the_fast_layout():
     strides = [p.stride() for p in model.parameters()]
     fast_layout(model)  # already in the fast layout: nothing moves
     assert strides == [p.stride() for p in model.parameters()]
+
+
+def test_join_gguf_survives_a_concurrent_join(tmp_path, monkeypatch):
+    """Two processes joining the same parts at once each finish with the whole file."""
+    import shutil
+
+    from site_lens import convert
+
+    parts = []
+    for i, data in enumerate([b"abc" * 1000, b"xyz" * 1000]):
+        parts.append(tmp_path / f"part{i}")
+        parts[-1].write_bytes(data)
+    joined = tmp_path / "cache" / "model.gguf"
+    copy, calls = shutil.copyfileobj, []
+
+    def racing_copy(src, dst, length=0):  # the other process joins while this one is half-way
+        calls.append(1)
+        if len(calls) == 1:
+            convert.join_gguf(parts, joined)
+        copy(src, dst, length)
+
+    monkeypatch.setattr(convert.shutil, "copyfileobj", racing_copy)
+    assert convert.join_gguf(parts, joined) == joined
+    assert joined.read_bytes() == b"abc" * 1000 + b"xyz" * 1000
+    assert [p.name for p in joined.parent.iterdir()] == ["model.gguf"]  # no temp left behind
