@@ -5,7 +5,7 @@
 
 The rerun folder's rows.csv (``site-lens bench`` output) gives the new rows; every
 (task, method, seed) it holds replaces the old one. ``rows.csv``, ``summary.csv`` and
-``summary.md`` of the results folder are rewritten with ``site_lens.bench``'s summary
+``summary.md`` of the results folder are rewritten with ``site_lens.bench_report``'s summary
 (``--note`` lines are appended to summary.md).
 """
 
@@ -15,7 +15,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from site_lens import bench
+from site_lens import bench_report
 from site_lens.io import write_text_atomic
 
 NUMERIC = ("first_token_acc", "exact_match", "strict_match", "fit_seconds", "ms_per_query")
@@ -41,13 +41,19 @@ def main() -> None:
     keys = {(r["task"], r["method"], r["seed"]) for r in new}
     rows = [r for r in read_rows(args.results) if (r["task"], r["method"], r["seed"]) not in keys] + new
     rows.sort(key=lambda r: (r["task"], r["method"], r["seed"]))
-    summary = bench.summarise(rows)
+    summary = bench_report.summarise(rows)
     title = (args.results / "summary.md").read_text().splitlines()[0].lstrip("# ")
-    md = bench.markdown(rows, summary, title)
+    md = bench_report.markdown(rows, summary, title)
     if args.note:
         md += "\n" + "\n".join(f"Note: {n}" for n in args.note) + "\n"
-    write_text_atomic(args.results / "rows.csv", bench._csv([{k: bench._fmt(r[k]) for k in bench.ROW_FIELDS} for r in rows]))
-    write_text_atomic(args.results / "summary.csv", bench._csv([{k: bench._fmt(v) for k, v in s.items()} for s in summary]))
+    write_text_atomic(
+        args.results / "rows.csv",
+        bench_report.csv_text([{k: bench_report.fmt(r[k]) for k in bench_report.ROW_FIELDS} for r in rows]),
+    )
+    write_text_atomic(
+        args.results / "summary.csv",
+        bench_report.csv_text([{k: bench_report.fmt(v) for k, v in s.items()} for s in summary]),
+    )
     write_text_atomic(args.results / "summary.md", md)
     print(f"{len(new)} rows replaced; {len(rows)} rows in {args.results}")
 

@@ -23,8 +23,6 @@ every row on disk, so concurrent writers cannot drop each other's rows.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import os
@@ -35,10 +33,11 @@ from typing import Any
 
 from transformer_lens import HookedTransformer
 
+from .bench_report import METRICS, OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 from .config import ConfigError, EvalConfig, SiteConfig
 from .io import write_json_atomic, write_text_atomic
 from .locks import Locks, owner_tag, temp_is_orphan
-from .methods import METHODS, Method, TaskContext, configured, score_method
+from .methods import Method, TaskContext, configured, score_method
 from .models import model_identity
 from .tasks import TaskError, builtin_tasks, category, load_task
 
@@ -47,9 +46,6 @@ log = logging.getLogger(__name__)
 ROWS_DIR = "rows"
 SPEC_FILE = "bench.json"
 LOCKS_DIR = ".locks"
-METRICS = ("first_token_acc", "exact_match", "strict_match")
-OPTIONAL = ("option_acc",)  # multiple-choice tasks only (methods.score_method); None elsewhere
-ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, *OPTIONAL, "n_trainable", "fit_seconds", "ms_per_query", "n_test")
 
 # ---------------------------------------------------------------- choosing what to run
 
@@ -302,110 +298,7 @@ def run_bench(
     return write_summary(out, locks=locks)
 
 
-# ---------------------------------------------------------------- summary
-
-
-def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per method: means over the (task, seed) pairs every method finished, overall and per category.
-
-    A partial run thus compares methods on the same tasks; ``n_tasks_run`` counts each method's own.
-    """
-    out = []
-    methods = list(dict.fromkeys(m for m in METHODS if any(r["method"] == m for r in rows)))
-    methods += sorted({r["method"] for r in rows} - set(methods))
-    done = [{(r["task"], r["seed"]) for r in rows if r["method"] == m} for m in methods]
-    common = set.intersection(*done) if done else set()
-    cats = sorted({r["category"] for r in rows})
-    for m in methods:
-        rs = [r for r in rows if r["method"] == m and (r["task"], r["seed"]) in common]
-        s: dict[str, Any] = {
-            "method": m,
-            "n_tasks": len({r["task"] for r in rs}),
-            "n_tasks_run": len({r["task"] for r in rows if r["method"] == m}),
-            "n_rows": len(rs),
-        }
-        for k in (*METRICS, "n_trainable", "fit_seconds", "ms_per_query"):
-            s[k] = sum(r[k] for r in rs) / len(rs) if rs else None
-        for k in OPTIONAL:  # over the rows that have it (multiple-choice tasks)
-            vs = [r[k] for r in rs if r.get(k) is not None]
-            s[k] = sum(vs) / len(vs) if vs else None
-        for c in cats:
-            cr = [r["exact_match"] for r in rs if r["category"] == c]
-            s[f"exact_match_{c}"] = sum(cr) / len(cr) if cr else None
-        out.append(s)
-    return out
-
-
-def _csv(rows: Sequence[dict[str, Any]]) -> str:
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
-
-
-def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], title: str = "") -> str:
-    """The summary table (exact match in %, over the tasks every method finished), then exact match per task."""
-    lines = [f"# {title}".rstrip(), ""] if title else []
-    cats = [k[len("exact_match_") :] for k in (summary[0] if summary else {}) if k.startswith("exact_match_")]
-    has_options = any(s.get("option_acc") is not None for s in summary)
-    head = [
-        "method",
-        "tasks",
-        "tasks run",
-        "first-token %",
-        "exact %",
-        "strict %",
-        *(["option %"] if has_options else []),
-        *[f"exact % {c}" for c in cats],
-        "trainable params",
-        "fit s",
-        "ms/query",
-    ]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in summary:
-        pct = lambda v: "-" if v is None else f"{100 * v:.1f}"
-        num = lambda v, f: "-" if v is None else format(v, f)
-        cells = [
-            s["method"],
-            str(s["n_tasks"]),
-            str(s["n_tasks_run"]),
-            pct(s["first_token_acc"]),
-            pct(s["exact_match"]),
-            pct(s["strict_match"]),
-            *([pct(s.get("option_acc"))] if has_options else []),
-            *[pct(s[f"exact_match_{c}"]) for c in cats],
-            num(s["n_trainable"], ",.0f"),
-            num(s["fit_seconds"], ".1f"),
-            num(s["ms_per_query"], ".1f"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    methods = [s["method"] for s in summary]
-    tasks = sorted({(r["category"], r["task"]) for r in rows})
-    lines += [
-        "",
-        "Exact match (%) per task (mean over seeds):",
-        "",
-        "| task | category | " + " | ".join(methods) + " |",
-        "|" + "---|" * (len(methods) + 2),
-    ]
-    for c, t in tasks:
-        cells = []
-        for m in methods:
-            v = [r["exact_match"] for r in rows if r["task"] == t and r["method"] == m]
-            cells.append(f"{100 * sum(v) / len(v):.0f}" if v else "-")
-        lines.append(f"| {t} | {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+# ---------------------------------------------------------------- summary files
 
 
 def write_summary(
@@ -428,8 +321,8 @@ def _write_summary(out: Path, sources: Sequence[Path] | None) -> list[dict[str, 
         (_read_json(Path(s) / SPEC_FILE) for s in sources or [] if _read_json(Path(s) / SPEC_FILE)), None
     )
     title = f"site-lens bench: {spec['model']}, max_test {spec['max_test']}" if spec else "site-lens bench"
-    write_text_atomic(out / "rows.csv", _csv([{k: _fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
-    write_text_atomic(out / "summary.csv", _csv([{k: _fmt(v) for k, v in s.items()} for s in summary]))
+    write_text_atomic(out / "rows.csv", csv_text([{k: fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
+    write_text_atomic(out / "summary.csv", csv_text([{k: fmt(v) for k, v in s.items()} for s in summary]))
     write_text_atomic(out / "summary.md", markdown(rows, summary, title))
     return rows
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from small import SMALL_EMBEDDING, bench_cmd, small_methods, write_task_dir
 
-from site_lens import bench
+from site_lens import bench, bench_report
 from site_lens.cli import main
 from site_lens.config import EvalConfig, SiteConfig
 from site_lens.tasks import category
@@ -113,10 +113,10 @@ def _row(task, method, em, category="abstractive"):
 
 def test_summary_averages_only_tasks_every_method_finished():
     rows = [_row("a", "zero_shot", 0.0), _row("a", "site", 0.5), _row("b", "zero_shot", 1.0)]  # site has not run b
-    zs, site = bench.summarise(rows)
+    zs, site = bench_report.summarise(rows)
     assert (zs["method"], zs["n_tasks"], zs["n_tasks_run"], zs["exact_match"]) == ("zero_shot", 1, 2, 0.0)
     assert (site["method"], site["n_tasks"], site["n_tasks_run"], site["exact_match"]) == ("site", 1, 1, 0.5)
-    md = bench.markdown(rows, bench.summarise(rows + [_row("c", "lora", 1.0)]))  # no task in common: dashes
+    md = bench_report.markdown(rows, bench_report.summarise(rows + [_row("c", "lora", 1.0)]))  # no task in common: dashes
     assert "| lora | 0 | 1 | - | - | - |" in md
 
 
