@@ -28,7 +28,8 @@ are teacher-forced, unscored; items without options fall back to their first ans
 
 The cached path computes each prompt's prefix (all tokens but the last) once, then
 runs the last prompt token and the answer tokens against it each step, on the hooked
-model (the packed engine runs one token at a time and is not used here).
+model (the packed engine runs one token at a time and is not used here); prompts with
+prefixes of one length run as one batch.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .backend import HookedBackend, Prefix
 from .config import OBJECTIVES
 from .gate import HookFactory, Hooks, injection_hooks
 from .tasks import Task, answer_sep, zero_shot_prompts
-from .tokens import Example, encode, make_examples, newline_ids, pad_id, pad_right
+from .tokens import GRAD_CELLS, Example, encode, fit_batches, make_examples, newline_ids, pad_id, pad_right
 
 DEMO_END = "\n\n"  # what follows an answer in a demonstration (tasks.format_demo)
 
@@ -126,24 +127,32 @@ def sequence_loss(
     prefill: HookFactory | None = None,
     backward: bool = False,
     hooks: Hooks = (),
+    batch_size: int = 32,
 ) -> Tensor:
     """Mean over examples of the teacher-forced CE of each continuation, whole prompts through the hooked model.
 
     ``prefill(last)`` gives the hooks for each row's last prompt index (SITE's injection); ``hooks``
-    act at every position (I2CL, LoRA). One row at a time; with ``backward`` each row's share is
-    back-propagated at once (gradient accumulation) and the mean comes back detached.
+    act at every position (I2CL, LoRA). Rows run in right-padded chunks of up to ``batch_size``
+    cut to the attention budget, as in ``training.first_token_loss``; with ``backward`` each
+    chunk's share is back-propagated at once (gradient accumulation) and the mean comes back
+    detached.
     """
     _check(examples)
-    total = torch.zeros((), device=model.cfg.device)
-    for e in examples:
-        seq = [*e.tokens, *e.continuation[:-1]]
-        tokens, mask, _ = pad_right([seq], pad_id(model), model.cfg.device)
-        last = torch.tensor([len(e.tokens) - 1], device=model.cfg.device)
+    cells = GRAD_CELLS // model.cfg.n_layers if torch.is_grad_enabled() else None
+    seqs = [[*e.tokens, *e.continuation[:-1]] for e in examples]  # the prompt, then the answer teacher-forced
+    device = model.cfg.device
+    total = torch.zeros((), device=device)
+    for idx in fit_batches(range(len(examples)), [len(q) for q in seqs], batch_size, model.cfg.n_heads, cells):
+        chunk = [examples[i] for i in idx]
+        tokens, mask, _ = pad_right([seqs[i] for i in idx], pad_id(model), device)
+        last = torch.tensor([len(e.tokens) - 1 for e in chunk], device=device)
         at_last = prefill(last) if prefill else []
-        logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[*hooks, *at_last])  # (1, pos, d_vocab)
-        n = len(e.continuation)
-        target = torch.tensor([e.continuation], device=logits.device)
-        part = _mean_ce(logits[:, len(e.tokens) - 1 :], target, [n], [e.scored_from])
+        logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[*hooks, *at_last])  # (rows, pos, d_vocab)
+        width = max(len(e.continuation) for e in chunk)
+        pos = (last[:, None] + torch.arange(width, device=device)[None]).clamp(max=tokens.shape[1] - 1)  # (rows, width)
+        scored = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # (rows, width, d_vocab)
+        target, _, _ = pad_right([list(e.continuation) for e in chunk], pad_id(model), device)
+        part = _mean_ce(scored, target, [len(e.continuation) for e in chunk], [e.scored_from for e in chunk])
         if backward:
             (part / len(examples)).backward()
             part = part.detach()
@@ -152,18 +161,34 @@ def sequence_loss(
 
 
 class SequenceCache:
-    """Each prompt's prefix computed once; ``loss`` runs its last token and answer tokens against it."""
+    """Each prompt's prefix computed once; ``loss`` runs its last token and answer tokens against it.
 
-    def __init__(self, model: HookedTransformer, examples: Sequence[Example]):
+    Prompts are grouped by prefix length, as in ``backend.PromptCache``: one forward per group
+    builds the prefixes, and ``loss`` runs each group's rows together (their chunks right-padded;
+    causal attention keeps the padding out of every real position), so validating over many
+    prompts costs a few batched forwards instead of one per prompt.
+    """
+
+    def __init__(self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 16):
         _check(examples)
         if any(len(e.tokens) < 2 for e in examples):
             raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
-        self.model, self.examples = model, list(examples)
+        self.model, self.examples, self.batch_size = model, list(examples), batch_size
         self.backend = HookedBackend(model)
         device = model.cfg.device
-        self.prefixes: list[Prefix] = [
-            self.backend.prefix(torch.tensor([e.tokens[:-1]], device=device)) for e in examples
-        ]
+        self.where: dict[int, tuple[int, int]] = {}  # prompt index -> (prefix length, row in group)
+        self.prefixes: dict[int, Prefix] = {}  # prefix length -> the group's prefix
+        by_len: dict[int, list[int]] = {}
+        lengths = [len(e.tokens) - 1 for e in self.examples]
+        for i, n in enumerate(lengths):
+            by_len.setdefault(n, []).append(i)
+        for length, idx in by_len.items():
+            for row, i in enumerate(idx):
+                self.where[i] = (length, row)
+            parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
+            self.prefixes[length] = Prefix.cat(
+                [self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device)) for part in parts]
+            )
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -176,15 +201,22 @@ class SequenceCache:
     ) -> Tensor:
         """Mean over ``indices`` of the teacher-forced CE, the gate applied at the last prompt token."""
         model, device = self.model, self.model.cfg.device
-        total = torch.zeros((), device=device)
+        by_len: dict[int, list[int]] = {}
         for i in indices:
-            e = self.examples[i]
-            chunk = torch.tensor([[e.tokens[-1], *e.continuation[:-1]]], device=device)  # (1, 1 + answer)
-            hooks = injection_hooks(model, t, alpha, 0) if alpha is not None and t is not None else []
-            cache = self.backend.frozen_cache(self.prefixes[i], 1)
-            logits = model.run_with_hooks(
-                chunk, attention_mask=torch.ones_like(chunk), past_kv_cache=cache, fwd_hooks=hooks
-            )
-            target = torch.tensor([e.continuation], device=logits.device)
-            total = total + _mean_ce(logits, target, [len(e.continuation)], [e.scored_from]).to(device)
+            by_len.setdefault(self.where[i][0], []).append(i)
+        hooks = injection_hooks(model, t, alpha, 0) if alpha is not None and t is not None else []
+        total = torch.zeros((), device=device)
+        for length, group in by_len.items():
+            for part in [group[k : k + self.batch_size] for k in range(0, len(group), self.batch_size)]:
+                exs = [self.examples[i] for i in part]
+                chunks = [[e.tokens[-1], *e.continuation[:-1]] for e in exs]  # the last prompt token, then the answer
+                chunk, _, _ = pad_right(chunks, pad_id(model), device)  # (rows, 1 + longest answer - 1)
+                target, _, _ = pad_right([list(e.continuation) for e in exs], pad_id(model), device)
+                rows = torch.tensor([self.where[i][1] for i in part], device=device)
+                cache = self.backend.frozen_cache(self.prefixes[length].select(rows), len(part))
+                logits = model.run_with_hooks(
+                    chunk, attention_mask=torch.ones_like(chunk), past_kv_cache=cache, fwd_hooks=hooks
+                )
+                lens, starts = [len(e.continuation) for e in exs], [e.scored_from for e in exs]
+                total = total + _mean_ce(logits, target, lens, starts).to(device)
         return total / len(indices)

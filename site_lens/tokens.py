@@ -69,6 +69,12 @@ def pad_right(
 # tokens, took 18 GiB at 64 rows and was killed); short prompts keep their full batch.
 ATTN_CELLS = 2**27
 
+# Attention cells one differentiable pass may keep for backward, summed over layers
+# (rows * heads * padded length^2 * layers): ~1 GiB per float32 tensor kept. A batch of
+# 8 zero-shot squad_val prompts (up to ~830 tokens) took 17 GiB and was killed; the other
+# 44 FV tasks' batches of 8 (longest: ag_news, 273 tokens) stay whole.
+GRAD_CELLS = 2**28
+
 
 def fit_batches(
     order: Sequence[int], lengths: Sequence[int], max_rows: int, n_heads: int, cells: int | None = None

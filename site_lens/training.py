@@ -26,7 +26,7 @@ from transformer_lens import HookedTransformer
 
 from .backend import last_logits
 from .gate import HookFactory, Hooks
-from .tokens import Example, fit_batches, pad_id, pad_right
+from .tokens import GRAD_CELLS, Example, fit_batches, pad_id, pad_right
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +137,6 @@ def train_loop(
     hist.seconds = time.perf_counter() - t0
     return hist
 
-
-# Attention cells one differentiable pass may keep for backward, summed over layers
-# (rows * heads * padded length^2 * layers): ~1 GiB per float32 tensor kept. A batch of
-# 8 zero-shot squad_val prompts (up to ~830 tokens) took 17 GiB and was killed; the other
-# 44 FV tasks' batches of 8 (longest: ag_news, 273 tokens) stay whole.
-GRAD_CELLS = 2**28
 
 
 def first_token_loss(

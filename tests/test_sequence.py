@@ -41,6 +41,39 @@ def test_cached_loss_and_grad_equal_whole_prompts(model):
     assert gc.abs().sum() > 0
 
 
+def test_cached_batches_of_one_prefix_length_equal_rows_one_by_one(model):
+    """Rows sharing a prefix length run together, their answers right-padded; parts of batch_size rows."""
+    g = torch.Generator().manual_seed(1)
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, generator=g)
+    alpha = torch.rand(model.cfg.n_layers, model.cfg.n_heads, generator=g)
+    pairs = [("Q: ab\nA:", "x"), ("Q: cd\nA:", "xyzzy"), ("Q: ef\nA:", "xy"), ("Q: abc\nA:", "no")]
+    ex = sequence_examples(model, pairs)
+    cache = SequenceCache(model, ex, batch_size=2)
+    assert len({len(e.continuation) for e in ex[:3]}) == 3  # one prefix length, three answer lengths
+    one_by_one = torch.stack([cache.loss([i], alpha, t) for i in range(len(ex))]).mean()
+    assert torch.allclose(cache.loss(range(len(ex)), alpha, t), one_by_one, atol=1e-5)
+    assert torch.allclose(cache.loss([2, 0], alpha, t), (cache.loss([0], alpha, t) + cache.loss([2], alpha, t)) / 2, atol=1e-5)
+
+
+def test_whole_prompt_batches_equal_rows_one_by_one(model, monkeypatch):
+    """Whole prompts run in right-padded chunks (answers of several lengths); a one-row budget gives the same loss and grad."""
+    from site_lens import sequence
+
+    g = torch.Generator().manual_seed(2)
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, generator=g)
+    theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=g).requires_grad_(True)
+    ex = sequence_examples(model, [("Q: ab\nA:", "x"), ("Q: elephant\nA:", "xyzzy"), ("Q: ox\nA:", "xy")])
+    prefill = lambda last: injection_hooks(model, t, torch.sigmoid(theta), last)
+    batched = sequence_loss(model, ex, prefill)
+    (gb,) = torch.autograd.grad(batched, theta)
+    monkeypatch.setattr(sequence, "GRAD_CELLS", 1)  # every chunk a single row
+    rows = sequence_loss(model, ex, prefill)
+    (gr,) = torch.autograd.grad(rows, theta)
+    assert abs(batched.item() - rows.item()) < 1e-5 and torch.allclose(gb, gr, atol=1e-5)
+    cached = SequenceCache(model, ex).loss(range(len(ex)), torch.sigmoid(theta), t)
+    assert abs(cached.item() - batched.item()) < 1e-5
+
+
 def test_a_one_token_continuation_is_the_first_token_loss(model):
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     alpha = torch.rand(model.cfg.n_layers, model.cfg.n_heads)
