@@ -14,17 +14,8 @@ import os
 import sys
 
 from ._version import __version__
-from .commands import (
-    cmd_analyse,
-    cmd_bench,
-    cmd_bench_merge,
-    cmd_demo,
-    cmd_figures,
-    cmd_predict,
-    cmd_run,
-    cmd_sparsify,
-    cmd_tasks,
-)
+from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
+from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
 from .config import K_GRID, SPARSE_WEIGHTS
 from .sources.commands import cmd_data_bbh, cmd_data_hf, parse_splits
 
