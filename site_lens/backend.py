@@ -54,6 +54,31 @@ PROBE_TOL = 1e-4  # probe check: max |packed - hooked| logit over max |logit|, p
 ResidEdits = dict[int, Callable[[Tensor], Tensor]]
 
 
+def logits_at(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    positions: Int[Tensor, "batch width"],
+    *,
+    hooks: Hooks = (),
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    past_kv_cache: TransformerLensKeyValueCache | None = None,
+) -> Float[Tensor, "batch width d_vocab"]:
+    """Logits at ``positions`` of each row through the hooked model, unembedding only those positions."""
+    with model.hooks(fwd_hooks=list(hooks)):
+        resid = model(
+            tokens, stop_at_layer=model.cfg.n_layers, attention_mask=attention_mask, past_kv_cache=past_kv_cache
+        )  # (batch, pos, d_model)
+        rows = torch.arange(tokens.shape[0], device=resid.device)[:, None]
+        r = resid[rows, positions]  # (batch, width, d_model)
+        if model.cfg.normalization_type is not None:
+            r = model.ln_final(r)
+        logits = model.unembed(r)  # (batch, width, d_vocab)
+    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
 def last_logits(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
@@ -64,19 +89,9 @@ def last_logits(
     past_kv_cache: TransformerLensKeyValueCache | None = None,
 ) -> Float[Tensor, "batch d_vocab"]:
     """Logits at one position per row through the hooked model, without unembedding every position."""
-    with model.hooks(fwd_hooks=list(hooks)):
-        resid = model(
-            tokens, stop_at_layer=model.cfg.n_layers, attention_mask=attention_mask, past_kv_cache=past_kv_cache
-        )  # (batch, pos, d_model)
-        rows = torch.arange(tokens.shape[0], device=resid.device)
-        r = resid[rows, last][:, None]  # (batch, 1, d_model)
-        if model.cfg.normalization_type is not None:
-            r = model.ln_final(r)
-        logits = model.unembed(r)[:, 0]  # (batch, d_vocab)
-    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
-    if cap > 0:
-        logits = cap * torch.tanh(logits / cap)
-    return logits
+    return logits_at(
+        model, tokens, last[:, None], hooks=list(hooks), attention_mask=attention_mask, past_kv_cache=past_kv_cache
+    )[:, 0]
 
 
 def _hooks_attached(model: HookedTransformer) -> bool:

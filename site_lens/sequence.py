@@ -42,7 +42,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import HookedBackend, Prefix
+from .backend import HookedBackend, Prefix, logits_at
 from .config import OBJECTIVES
 from .gate import HookFactory, Hooks, injection_hooks
 from .tasks import Task, answer_sep, zero_shot_prompts
@@ -147,10 +147,9 @@ def sequence_loss(
         tokens, mask, _ = pad_right([seqs[i] for i in idx], pad_id(model), device)
         last = torch.tensor([len(e.tokens) - 1 for e in chunk], device=device)
         at_last = prefill(last) if prefill else []
-        logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[*hooks, *at_last])  # (rows, pos, d_vocab)
         width = max(len(e.continuation) for e in chunk)
         pos = (last[:, None] + torch.arange(width, device=device)[None]).clamp(max=tokens.shape[1] - 1)  # (rows, width)
-        scored = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # (rows, width, d_vocab)
+        scored = logits_at(model, tokens, pos, hooks=[*hooks, *at_last], attention_mask=mask)  # (rows, width, d_vocab)
         target, _, _ = pad_right([list(e.continuation) for e in chunk], pad_id(model), device)
         part = _mean_ce(scored, target, [len(e.continuation) for e in chunk], [e.scored_from for e in chunk])
         if backward:
