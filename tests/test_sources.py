@@ -114,6 +114,17 @@ def test_bbh_build_writes_loadable_tasks_with_options_splits_and_readme(tmp_path
     assert all(f"| {t} |" in readme for t in TASKS) and "bigbench==1.0.0" in readme
 
 
+def test_sdist_members_named_from_dot_slash_are_read(tmp_path):
+    """Tarballs written as ``tar -czf x.tar.gz ./bigbench-1.0.0`` name their members ``./bigbench-1.0.0/...``."""
+    path = tmp_path / "dot.tar.gz"
+    data = json.dumps(_mc(3, ["True", "False"])).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo(f"./{TOP}navigate/task.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    assert len(read_task_files(path, {"navigate"})["navigate"]["examples"]) == 3
+
+
 def test_bbh_build_is_seeded(tmp_path):
     sdist = _fake_sdist(tmp_path)
     for d, s in [("a", 0), ("b", 0), ("c", 1)]:

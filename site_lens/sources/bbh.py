@@ -87,7 +87,8 @@ def read_task_files(sdist: Path, paths: set[str]) -> dict[str, dict[str, Any]]:
     try:
         with tarfile.open(sdist, "r:*") as tar:
             for member in tar:
-                inner = member.name.split("/", 1)[-1]  # drop the bigbench-1.0.0/ top folder
+                name = member.name.removeprefix("./")  # tar may write ./ first
+                inner = name.split("/", 1)[-1]  # drop the bigbench-1.0.0/ top folder
                 if member.isfile() and inner in want:
                     out[want[inner]] = json.load(tar.extractfile(member))
     except (OSError, tarfile.TarError, json.JSONDecodeError, UnicodeDecodeError) as e:
