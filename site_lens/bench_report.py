@@ -114,6 +114,9 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
             num(s["ms_per_query"], ".1f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    with_options = sorted({r["task"] for r in rows if r.get("option_acc") is not None})
+    if has_options and len(with_options) < len({r["task"] for r in rows}):
+        lines += ["", f"option % is the mean over the tasks with options only ({', '.join(with_options)})."]
     methods = [s["method"] for s in summary]
     tasks = sorted({(r["category"], r["task"]) for r in rows})
     lines += [

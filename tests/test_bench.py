@@ -120,6 +120,15 @@ def test_summary_averages_only_tasks_every_method_finished():
     assert "| lora | 0 | 1 | - | - | - |" in md
 
 
+def test_option_column_says_which_tasks_it_covers():
+    rows = [{**_row("a", "site", 0.5), "option_acc": 0.75}, _row("b", "site", 1.0)]
+    (site,) = bench_report.summarise(rows)
+    assert site["option_acc"] == 0.75 and site["exact_match"] == 0.75
+    md = bench_report.markdown(rows, [site])
+    assert "| option % |" in md.splitlines()[0] and "tasks with options only (a)" in md
+    assert "options only" not in bench_report.markdown(rows[:1], bench_report.summarise(rows[:1]))
+
+
 def _scores(out: Path):
     return [{k: r[k] for k in SCORES} for r in csv.DictReader((out / "rows.csv").open())]
 
