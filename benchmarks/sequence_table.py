@@ -13,17 +13,30 @@ first-token SITE's) and the per-task table.
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 import sys
 from pathlib import Path
+
+from site_lens import bench
 
 METHODS = ["icl", "site", "site_seq", "lora", "lora_seq", "i2cl", "i2cl_seq"]
 
 
 def load(folder: Path) -> dict[tuple[str, str], dict]:
-    """(task, method) -> row, seed 0."""
-    with open(folder / "rows.csv") as f:
-        return {(r["task"], r["method"]): r for r in csv.DictReader(f) if r["seed"] == "0"}
+    """(task, method) -> row, seed 0: from the rows/ files while a bench may still be running, else rows.csv."""
+    if (folder / bench.ROWS_DIR).is_dir():
+        rows = bench.collect_rows([folder])
+    else:  # a committed folder: rows.csv alone
+        with open(folder / "rows.csv") as f:
+            rows = list(csv.DictReader(f))
+    return {(r["task"], r["method"]): r for r in rows if str(r["seed"]) == "0"}
+
+
+def spec(folder: Path) -> tuple[str, int]:
+    """(model, max_test) from the folder's bench.json."""
+    d = json.loads((folder / bench.SPEC_FILE).read_text())
+    return d["model"], d["max_test"]
 
 
 def verdict(ok: bool) -> str:
@@ -31,6 +44,9 @@ def verdict(ok: bool) -> str:
 
 
 def table(first: Path, seq: Path) -> str:
+    if spec(first) != spec(seq):
+        raise SystemExit(f"{first} holds {spec(first)} (model, max_test), {seq} holds {spec(seq)}: not comparable")
+    model, max_test = spec(seq)
     rows = load(first) | load(seq)
     tasks = sorted({t for t, _ in rows})
     done = [t for t in tasks if all((t, m) in rows for m in METHODS)]
@@ -39,7 +55,7 @@ def table(first: Path, seq: Path) -> str:
     def mean(m: str, key: str) -> float:
         return 100 * statistics.mean(float(rows[t, m][key]) for t in done)
 
-    out = [f"### {seq.name}: {len(done)} tasks with all {len(METHODS)} methods (first 50 test items, seed 0)", ""]
+    out = [f"### {model}: {len(done)} tasks with all {len(METHODS)} methods (first {max_test} test items, seed 0)", ""]
     if waiting:
         out += [f"(not counted, unfinished: {', '.join(waiting)})", ""]
     if not done:

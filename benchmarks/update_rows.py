@@ -28,6 +28,8 @@ def read_rows(folder: Path) -> list[dict]:
         for k in NUMERIC:
             r[k] = float(r[k])
         r["seed"], r["n_trainable"], r["n_test"] = int(r["seed"]), int(r["n_trainable"]), int(r["n_test"])
+        opt = r.get("option_acc")  # absent from folders written before options existed; "-" where a task has none
+        r["option_acc"] = None if opt in (None, "", "-") else float(opt)
     return rows
 
 

@@ -114,8 +114,10 @@ def markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], 
             num(s["ms_per_query"], ".1f"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    with_options = sorted({r["task"] for r in rows if r.get("option_acc") is not None})
-    if has_options and len(with_options) < len({r["task"] for r in rows}):
+    done = [{r["task"] for r in rows if r["method"] == s["method"]} for s in summary]
+    common = set.intersection(*done) if done else set()  # the tasks the means are over
+    with_options = sorted({r["task"] for r in rows if r["task"] in common and r.get("option_acc") is not None})
+    if has_options and len(with_options) < len(common):
         lines += ["", f"option % is the mean over the tasks with options only ({', '.join(with_options)})."]
     methods = [s["method"] for s in summary]
     tasks = sorted({(r["category"], r["task"]) for r in rows})

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from .locks import owner_tag, temp_is_orphan
+
 # TransformerLens processing flags used for every model site-lens loads (they change hook_z).
 PROCESSING_FLAGS: dict[str, bool] = {
     "fold_ln": False,
@@ -211,7 +213,10 @@ def join_gguf(parts: list[Path], joined: Path) -> Path:
         return parts[0]
     if not joined.exists():  # processes starting together each write their own temp; the last rename wins
         joined.parent.mkdir(parents=True, exist_ok=True)
-        tmp = joined.parent / f".{joined.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        for old in joined.parent.glob(f".{joined.name}.*.tmp"):  # left by a killed writer (hundreds of MB)
+            if temp_is_orphan(old):
+                old.unlink(missing_ok=True)
+        tmp = joined.parent / f".{joined.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions
         try:
             with os.fdopen(fd, "wb") as out:

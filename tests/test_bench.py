@@ -127,6 +127,8 @@ def test_option_column_says_which_tasks_it_covers():
     md = bench_report.markdown(rows, [site])
     assert "| option % |" in md.splitlines()[0] and "tasks with options only (a)" in md
     assert "options only" not in bench_report.markdown(rows[:1], bench_report.summarise(rows[:1]))
+    partial = [*rows, {**_row("c", "site", 0.0), "option_acc": 0.5}, _row("a", "lora", 1.0), _row("b", "lora", 1.0)]
+    assert "tasks with options only (a)." in bench_report.markdown(partial, bench_report.summarise(partial))  # not c
 
 
 def _scores(out: Path):

@@ -50,7 +50,7 @@ def test_join_gguf_survives_a_concurrent_join(tmp_path, monkeypatch):
     """Two processes joining the same parts at once each finish with the whole file."""
     import shutil
 
-    from site_lens import convert
+    from site_lens import convert, locks
 
     parts = []
     for i, data in enumerate([b"abc" * 1000, b"xyz" * 1000]):
@@ -66,6 +66,9 @@ def test_join_gguf_survives_a_concurrent_join(tmp_path, monkeypatch):
         copy(src, dst, length)
 
     monkeypatch.setattr(convert.shutil, "copyfileobj", racing_copy)
+    joined.parent.mkdir()
+    orphan = joined.parent / f".model.gguf.{locks._HOST}.{2**22 + 7}.dead.tmp"  # a pid above any pid_max: gone
+    orphan.write_bytes(b"half")
     assert convert.join_gguf(parts, joined) == joined
     assert joined.read_bytes() == b"abc" * 1000 + b"xyz" * 1000
-    assert [p.name for p in joined.parent.iterdir()] == ["model.gguf"]  # no temp left behind
+    assert [p.name for p in joined.parent.iterdir()] == ["model.gguf"]  # no temp left behind, the orphan removed

@@ -64,11 +64,21 @@ def test_whole_prompt_batches_equal_rows_one_by_one(model, monkeypatch):
     theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=g).requires_grad_(True)
     ex = sequence_examples(model, [("Q: ab\nA:", "x"), ("Q: elephant\nA:", "xyzzy"), ("Q: ox\nA:", "xy")])
     prefill = lambda last: injection_hooks(model, t, torch.sigmoid(theta), last)
+    real, chunks = sequence.logits_at, []
+
+    def spy(model, tokens, positions, **kw):
+        chunks.append(tokens.shape[0])
+        return real(model, tokens, positions, **kw)
+
+    monkeypatch.setattr(sequence, "logits_at", spy)
     batched = sequence_loss(model, ex, prefill)
     (gb,) = torch.autograd.grad(batched, theta)
     monkeypatch.setattr(sequence, "GRAD_CELLS", 1)  # every chunk a single row
     rows = sequence_loss(model, ex, prefill)
     (gr,) = torch.autograd.grad(rows, theta)
+    assert chunks == [3, 1, 1, 1]
+    accumulated = sequence_loss(model, ex, prefill, backward=True)  # one chunk's graph at a time
+    assert abs(accumulated.item() - batched.item()) < 1e-5 and torch.allclose(theta.grad, gb, atol=1e-5)
     assert abs(batched.item() - rows.item()) < 1e-5 and torch.allclose(gb, gr, atol=1e-5)
     cached = SequenceCache(model, ex).loss(range(len(ex)), torch.sigmoid(theta), t)
     assert abs(cached.item() - batched.item()) < 1e-5
