@@ -384,6 +384,13 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self.examples)
 
+    def groups(self, indices: Sequence[int]) -> dict[int, list[int]]:
+        """``indices`` grouped by prefix length (each group's rows share one cached prefix)."""
+        by_len: dict[int, list[int]] = {}
+        for i in indices:
+            by_len.setdefault(self.where[i][0], []).append(i)
+        return by_len
+
     def _per(self, x: Tensor | None, dims: int, idx: list[int]) -> Tensor | None:
         if x is None or x.dim() == dims:
             return x
@@ -397,12 +404,9 @@ class PromptCache:
         resid_edits: ResidEdits | None = None,
     ) -> list[tuple[list[int], Float[Tensor, "rows d_vocab"]]]:
         """(prompt indices, their last-token logits) per prefix length among ``indices``."""
-        by_len: dict[int, list[int]] = {}
-        for i in indices:
-            by_len.setdefault(self.where[i][0], []).append(i)
         device = self.model.cfg.device
         out = []
-        for length, idx in by_len.items():
+        for length, idx in self.groups(indices).items():
             rows = torch.tensor([self.where[i][1] for i in idx], device=device)
             last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
             a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)

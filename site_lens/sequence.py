@@ -42,7 +42,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import HookedBackend, Prefix, logits_at
+from .backend import HookedBackend, PromptCache, logits_at
 from .config import OBJECTIVES
 from .gate import HookFactory, Hooks, injection_hooks
 from .tasks import Task, answer_sep, zero_shot_prompts
@@ -159,38 +159,19 @@ def sequence_loss(
     return total / len(examples)
 
 
-class SequenceCache:
+class SequenceCache(PromptCache):
     """Each prompt's prefix computed once; ``loss`` runs its last token and answer tokens against it.
 
-    Prompts are grouped by prefix length, as in ``backend.PromptCache``: one forward per group
-    builds the prefixes, and ``loss`` runs each group's rows together (their chunks right-padded;
+    The prefixes are ``backend.PromptCache``'s (grouped by length, one forward per group), on
+    the hooked model; ``loss`` runs each group's rows together (their chunks right-padded;
     causal attention keeps the padding out of every real position), so validating over many
     prompts costs a few batched forwards instead of one per prompt.
     """
 
     def __init__(self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 16):
         _check(examples)
-        if any(len(e.tokens) < 2 for e in examples):
-            raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
-        self.model, self.examples, self.batch_size = model, list(examples), batch_size
-        self.backend = HookedBackend(model)
-        device = model.cfg.device
-        self.where: dict[int, tuple[int, int]] = {}  # prompt index -> (prefix length, row in group)
-        self.prefixes: dict[int, Prefix] = {}  # prefix length -> the group's prefix
-        by_len: dict[int, list[int]] = {}
-        lengths = [len(e.tokens) - 1 for e in self.examples]
-        for i, n in enumerate(lengths):
-            by_len.setdefault(n, []).append(i)
-        for length, idx in by_len.items():
-            for row, i in enumerate(idx):
-                self.where[i] = (length, row)
-            parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
-            self.prefixes[length] = Prefix.cat(
-                [self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device)) for part in parts]
-            )
-
-    def __len__(self) -> int:
-        return len(self.examples)
+        super().__init__(model, examples, batch_size, backend=HookedBackend(model))
+        self.batch_size = batch_size
 
     def loss(
         self,
@@ -200,12 +181,9 @@ class SequenceCache:
     ) -> Tensor:
         """Mean over ``indices`` of the teacher-forced CE, the gate applied at the last prompt token."""
         model, device = self.model, self.model.cfg.device
-        by_len: dict[int, list[int]] = {}
-        for i in indices:
-            by_len.setdefault(self.where[i][0], []).append(i)
         hooks = injection_hooks(model, t, alpha, 0) if alpha is not None and t is not None else []
         total = torch.zeros((), device=device)
-        for length, group in by_len.items():
+        for length, group in self.groups(indices).items():
             for part in [group[k : k + self.batch_size] for k in range(0, len(group), self.batch_size)]:
                 exs = [self.examples[i] for i in part]
                 chunks = [[e.tokens[-1], *e.continuation[:-1]] for e in exs]  # the last prompt token, then the answer
