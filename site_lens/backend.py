@@ -20,7 +20,7 @@ the model when a backend is asked for also select the hooked one, so they
 fire. ``use_backend(model, "hooked")`` forces the reference ("packed" asks for the
 packed one: an error where it cannot run, the hooked one while hooks are
 attached). Callers never
-branch: they ask for a backend and call ``prefix`` / ``logits`` / ``decoder``,
+branch: they ask for a backend and call ``prefix`` / ``logits`` / ``span_logits`` / ``decoder``,
 or use ``PromptCache`` for many prompts.
 """
 
@@ -149,6 +149,20 @@ class HookedBackend:
         cache = self.frozen_cache(prefix, B)
         return last_logits(self.model, one, zero, hooks=hooks, attention_mask=torch.ones_like(one), past_kv_cache=cache)
 
+    def span_logits(
+        self,
+        tokens: Int[Tensor, "batch n"],
+        prefix: Prefix,
+        alpha: Float[Tensor, "*arows layer head_index"] | None = None,
+        t: Float[Tensor, "*trows layer head_index d_head"] | None = None,
+    ) -> Float[Tensor, "batch n d_vocab"]:
+        """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
+        B = tokens.shape[0]
+        _check_rows(B, prefix, alpha)
+        hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
+        cache = self.frozen_cache(prefix, B)
+        return self.model.run_with_hooks(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, fwd_hooks=hooks)
+
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
         """Greedy decode steps after a prefill into ``cache`` (TransformerLens's own cache)."""
         return HookedDecoder(self.model, cache)
@@ -189,6 +203,10 @@ class PackedBackend:
     def logits(self, tokens, prefix, alpha=None, t=None, resid_edits=None) -> Tensor:
         """Logits of the token after each row's prefix (``LastToken.logits``)."""
         return self.runner.logits(tokens, prefix, alpha, t, resid_edits=resid_edits)
+
+    def span_logits(self, tokens, prefix, alpha=None, t=None) -> Tensor:
+        """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
+        return self.runner.span_logits(tokens, prefix, alpha, t)
 
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
         """Greedy decode steps from packed weights, taking over the prefilled TransformerLens cache."""

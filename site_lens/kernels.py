@@ -1,4 +1,4 @@
-"""C++ kernels for the last-token path (one-row products, RMSNorm), compiled on first use.
+"""C++ kernels for the last-token path (one-row and few-row products, RMSNorm), compiled on first use.
 
 A batch-1 SITE step (and a batch-1 decoding step) multiplies a single row by
 every weight matrix, forward and, for the step, backward to the row. Those
@@ -135,6 +135,34 @@ def row_matmul(x: Float[Tensor, "*rows d_in"], w: Float[Tensor, "d_in d_out"]) -
         and w.is_contiguous()
     ):
         return ext.row_matmul(x.contiguous(), w, torch.get_num_threads())
+    return x @ w
+
+
+MAX_ROWS = 32  # rows_matmul's kernel takes up to this many rows (csrc: kMaxRows); more go to torch's matmul
+
+
+def rows_matmul(x: Float[Tensor, "*rows d_in"], w: Float[Tensor, "d_in d_out"]) -> Float[Tensor, "*rows d_out"]:
+    """``x @ w`` for a few rows (the sequence objective's span): W streamed once for all of them.
+
+    Float32 CPU rows, 1 to ``MAX_ROWS`` of them after flattening the leading dims, against a
+    contiguous matrix run the kernel; anything else torch's matmul.
+    """
+    ext = load()
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    if (
+        ext is not None
+        and w.dim() == 2
+        and 1 <= rows.shape[0] <= MAX_ROWS
+        and x.shape[-1] == w.shape[0]
+        and x.dtype == torch.float32
+        and w.dtype == torch.float32
+        and x.device.type == "cpu"
+        and w.device.type == "cpu"
+        and w.is_contiguous()
+    ):
+        y = ext.rows_matmul(rows.contiguous(), w, torch.get_num_threads())
+        return y if x.dim() == 2 else y.view(*lead, w.shape[1])
     return x @ w
 
 

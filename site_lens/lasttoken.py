@@ -50,7 +50,7 @@ from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from .gate import AlphaGate
 from .kernels import available as kernels_available
-from .kernels import rms_norm, row_matmul
+from .kernels import rms_norm, row_matmul, rows_matmul
 
 
 def unsupported(model: HookedTransformer) -> str | None:
@@ -295,6 +295,57 @@ class LastToken:
         x = _rms(resid, self.w_final, self.eps_final)
         return _bias(row_matmul(x, self.unembed), self.b_U)
 
+    def span_logits(
+        self,
+        tokens: Int[Tensor, "batch n"],
+        prefix: Prefix,
+        alpha: Float[Tensor, "*arows layer head_index"] | None,
+        t: Float[Tensor, "*trows layer head_index d_head"] | None,
+    ) -> Float[Tensor, "batch n d_vocab"]:
+        """Logits after each of ``n`` tokens that follow each row's prefix, the gate at the first of them.
+
+        The teacher-forced answer of the sequence objective: the first token is the last prompt
+        token (SITE's injection there), the rest see it only through attention. Causal among
+        the n tokens, so right padding never reaches a real position. ``alpha``, ``t`` and the
+        prefix's rows are as in ``logits``. Its products take all B n rows at once (``rows_matmul``).
+        """
+        H, KV, D = self.n_heads, self.n_kv, self.d_head
+        (B, n), P = tokens.shape, prefix.length
+        if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != B:
+            raise ValueError(f"alpha has {alpha.shape[0]} rows for {B} spans")
+        if prefix.keys[0].shape[0] not in (1, B):
+            raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} spans")
+        self._cover(P + n)
+        resid = self.model.W_E[tokens].reshape(B * n, -1)  # (batch n, d_model)
+        gated = alpha is not None and t is not None
+        if gated:
+            alphas = alpha.to(resid.dtype).unsqueeze(-1).unbind(-3)  # (*rows, head, 1) per layer
+            ts = t.to(resid.dtype).unbind(-3)  # (*rows, head, d_head) per layer
+        q_pos = torch.arange(P, P + n, device=resid.device)[:, None]  # (n, 1)
+        k_pos = torch.arange(P + n, device=resid.device)[None]  # (1, P + n)
+        for i, w in enumerate(self.layers):
+            qkv = _bias(rows_matmul(_rms(resid, None, w["eps1"]), w["w_qkv"]), w["b_qkv"]).view(B, n, -1)
+            q, k, v = qkv.split((H * D, KV * D, KV * D), -1)
+            q = _maybe_rms(q.reshape(B, n, H, D), w["q_norm"])
+            k = _maybe_rms(k.reshape(B, n, KV, D), w["k_norm"])
+            cos, sin = w["cos"][P : P + n, None], w["sin"][P : P + n, None]  # (n, 1, rot)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            # the G query heads of a K/V group and the n positions as G n query rows, ordered (g, position)
+            q = q.view(B, n, KV, H // KV, D).permute(0, 2, 3, 1, 4).reshape(B, KV, -1, D)
+            keys = torch.cat((prefix.keys[i].expand(B, -1, -1, -1), k.transpose(1, 2)), 2)  # (batch, kv, P + n, d_head)
+            values = torch.cat((prefix.values[i].expand(B, -1, -1, -1), v.reshape(B, n, KV, D).transpose(1, 2)), 2)
+            seen = k_pos <= q_pos  # (n, P + n)
+            if w["window"] is not None:
+                seen = seen & (k_pos > q_pos - w["window"])
+            z = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen.repeat(H // KV, 1), scale=1.0 / w["scale"])
+            z = z.view(B, KV, H // KV, n, D).permute(0, 3, 1, 2, 4).reshape(B, n, H, D)
+            if gated:  # SITE's gate at the first token only
+                z = torch.cat((AlphaGate.mix(z[:, 0], ts[i], alphas[i])[:, None], z[:, 1:]), 1)
+            resid = resid + _maybe_rms(_bias(rows_matmul(z.reshape(B * n, H * D), w["w_o"]), w["b_o"]), w["ln1_post"])
+            resid = resid + self._mlp(resid, w, rows_matmul)
+        x = _rms(resid, self.w_final, self.eps_final)
+        return _bias(rows_matmul(x, self.unembed), self.b_U).view(B, n, -1)
+
     def _rotation(self, w: dict, pos: int) -> Tensor:
         """The rotary embedding at one position as a (d_head, d_head) matrix: ``x @ R == _rotate(x)``."""
         key = (w["table"], pos)
@@ -333,11 +384,11 @@ class LastToken:
             return q @ rotation, k @ rotation, v
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
-    def _mlp(self, resid: Tensor, w: dict) -> Tensor:
+    def _mlp(self, resid: Tensor, w: dict, matmul: Callable[[Tensor, Tensor], Tensor] = row_matmul) -> Tensor:
         x = _rms(resid, None, w["eps2"])
-        gate, up = row_matmul(x, w["w_gate_in"]).split(self.d_mlp, -1)
+        gate, up = matmul(x, w["w_gate_in"]).split(self.d_mlp, -1)
         h = _bias(w["act"](gate) * up, w["b_in"])
-        down = _bias(row_matmul(h, w["w_out"]), w["b_out"]) if self.rows else F.linear(h, w["w_out"], w["b_out"])
+        down = _bias(matmul(h, w["w_out"]), w["b_out"]) if self.rows else F.linear(h, w["w_out"], w["b_out"])
         return _maybe_rms(down, w["ln2_post"])
 
 

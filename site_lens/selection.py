@@ -100,13 +100,12 @@ class AlphaTrainer:
             return float(self.loss_naive(valid))
 
     def backend(self) -> Backend:
-        """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model; hooked for 'sequence')."""
-        kind = "hooked" if self.cfg.objective in TEACHER_FORCED else self.cfg.backend
-        return backend_for(self.model, kind)  # 'auto' defers to use_backend(model, ...)
+        """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model)."""
+        return backend_for(self.model, self.cfg.backend)  # 'auto' defers to use_backend(model, ...)
 
     def _cache(self, examples: Sequence[Example], backend: Backend) -> PromptCache | SequenceCache:
         if self.cfg.objective in TEACHER_FORCED:
-            return SequenceCache(self.model, examples)
+            return SequenceCache(self.model, examples, backend=backend)
         return PromptCache(self.model, examples, backend=backend)
 
     # ------------------------------------------------------------ training

@@ -27,9 +27,9 @@ are teacher-forced, unscored; items without options fall back to their first ans
     examples = objective_examples(model, task, "train", "option_token")
 
 The cached path computes each prompt's prefix (all tokens but the last) once, then
-runs the last prompt token and the answer tokens against it each step, on the hooked
-model (the packed engine runs one token at a time and is not used here); prompts with
-prefixes of one length run as one batch.
+runs the last prompt token and the answer tokens against it each step, on the model's
+backend (``span_logits``: packed weights where the model allows, the hooked model
+otherwise); prompts with prefixes of one length run as one batch.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import HookedBackend, PromptCache, logits_at
+from .backend import Backend, PromptCache, logits_at
 from .config import OBJECTIVES
-from .gate import HookFactory, Hooks, injection_hooks
+from .gate import HookFactory, Hooks
 from .tasks import Task, answer_sep, zero_shot_prompts
 from .tokens import GRAD_CELLS, Example, encode, fit_batches, make_examples, newline_ids, pad_id, pad_right
 
@@ -163,14 +163,16 @@ class SequenceCache(PromptCache):
     """Each prompt's prefix computed once; ``loss`` runs its last token and answer tokens against it.
 
     The prefixes are ``backend.PromptCache``'s (grouped by length, one forward per group), on
-    the hooked model; ``loss`` runs each group's rows together (their chunks right-padded;
+    ``backend`` (``backend_for(model)`` by default); ``loss`` runs each group's rows together (their chunks right-padded;
     causal attention keeps the padding out of every real position), so validating over many
     prompts costs a few batched forwards instead of one per prompt.
     """
 
-    def __init__(self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 16):
+    def __init__(
+        self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 16, backend: Backend | None = None
+    ):
         _check(examples)
-        super().__init__(model, examples, batch_size, backend=HookedBackend(model))
+        super().__init__(model, examples, batch_size, backend=backend)
         self.batch_size = batch_size
 
     def loss(
@@ -181,7 +183,6 @@ class SequenceCache(PromptCache):
     ) -> Tensor:
         """Mean over ``indices`` of the teacher-forced CE, the gate applied at the last prompt token."""
         model, device = self.model, self.model.cfg.device
-        hooks = injection_hooks(model, t, alpha, 0) if alpha is not None and t is not None else []
         total = torch.zeros((), device=device)
         for length, group in self.groups(indices).items():
             for part in [group[k : k + self.batch_size] for k in range(0, len(group), self.batch_size)]:
@@ -190,10 +191,7 @@ class SequenceCache(PromptCache):
                 chunk, _, _ = pad_right(chunks, pad_id(model), device)  # (rows, 1 + longest answer - 1)
                 target, _, _ = pad_right([list(e.continuation) for e in exs], pad_id(model), device)
                 rows = torch.tensor([self.where[i][1] for i in part], device=device)
-                cache = self.backend.frozen_cache(self.prefixes[length].select(rows), len(part))
-                logits = model.run_with_hooks(
-                    chunk, attention_mask=torch.ones_like(chunk), past_kv_cache=cache, fwd_hooks=hooks
-                )
+                logits = self.backend.span_logits(chunk, self.prefixes[length].select(rows), alpha, t)
                 lens, starts = [len(e.continuation) for e in exs], [e.scored_from for e in exs]
                 total = total + _mean_ce(logits, target, lens, starts).to(device)
         return total / len(indices)

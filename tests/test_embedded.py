@@ -122,3 +122,24 @@ def test_numeric_answer_targets_a_digit(which, request):
     assert model.tokenizer.decode([spaced]).strip() == ""
     # a word keeps its leading space inside its first token
     assert model.tokenizer.decode([answer_ids(model, "Q: hot\nA:", "cold")[0]]).startswith(" ")
+
+
+@pytest.mark.parametrize("which", ["smollm", "gemma"])
+def test_sequence_objective_cached_paths_equal_whole_prompts(which, request):
+    """The answer-sequence loss: the packed and hooked cached paths against whole prompts, loss and theta-grad."""
+    from site_lens import build_task_embedding
+    from site_lens.backend import backend_for
+    from site_lens.gate import injection_hooks
+    from site_lens.sequence import SequenceCache, sequence_examples, sequence_loss
+
+    model = request.getfixturevalue(which)
+    t = build_task_embedding(model, ["Q: France\nA: Paris\n\nQ: Peru\nA: Lima\n\nQ: Chad\nA:"])
+    ex = sequence_examples(model, [("Q: Cambodia\nA:", "Phnom Penh"), ("Q: Ethiopia\nA:", "Addis Ababa"), ("Q: Mali\nA:", "Bamako")])
+    theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    whole = sequence_loss(model, ex, prefill=lambda last: injection_hooks(model, t, torch.sigmoid(theta), last))
+    (gw,) = torch.autograd.grad(whole, theta)
+    for name in ("packed", "hooked"):
+        cached = SequenceCache(model, ex, backend=backend_for(model, name)).loss(range(len(ex)), torch.sigmoid(theta), t)
+        (gc,) = torch.autograd.grad(cached, theta)
+        assert abs(cached.item() - whole.item()) < 1e-5, name
+        assert (gc - gw).abs().max() < 1e-4 * gw.abs().max(), name  # summation order (see the Gemma test above)

@@ -37,6 +37,41 @@ def test_row_matmul_equals_torch_forward_and_backward(shape, threads):
     assert "RowMatmul" in y.grad_fn.name()  # the kernel ran, not torch's matmul
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 3, 32])
+@pytest.mark.parametrize("shape", SHAPES + [(576, 1000)])  # and columns past the 256-column tiles, uneven
+def test_rows_matmul_equals_torch_forward_and_backward(shape, rows, threads):
+    K, N = shape
+    w = torch.randn(K, N)
+    x = torch.randn(rows, K, requires_grad=True)
+    g = torch.randn(rows, N)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernels.rows_matmul(x, w)
+        (gx,) = torch.autograd.grad(y, x, g)
+    finally:
+        torch.set_num_threads(old)
+    (gx_ref,) = torch.autograd.grad(x @ w, x, g)
+    assert torch.allclose(y, x.detach() @ w, rtol=1e-5, atol=1e-4), (y - x.detach() @ w).abs().max()
+    assert torch.allclose(gx, gx_ref, rtol=1e-5, atol=1e-4), (gx - gx_ref).abs().max()
+    assert "RowsMatmul" in y.grad_fn.name()
+    one = torch.cat([kernels.load().row_times(r[None].contiguous(), w, 1) for r in x.detach()])
+    assert torch.equal(kernels.load().rows_times(x.detach().contiguous(), w, 1), one)  # each row summed as row_times
+
+
+def test_rows_matmul_leading_dims_and_fallbacks():
+    w = torch.randn(8, 6)
+    x = torch.randn(2, 3, 8)  # (batch, n, d): six rows
+    assert torch.allclose(kernels.rows_matmul(x, w), x @ w, atol=1e-5)
+    many = torch.randn(kernels.MAX_ROWS + 1, 8)  # past the kernel's rows: torch's matmul
+    assert kernels.rows_matmul(many, w).equal(many @ w)
+    with pytest.raises(RuntimeError, match="shape"):
+        kernels.load().rows_times(torch.randn(kernels.MAX_ROWS + 1, 8), w, 1)
+    with kernels.disabled():
+        assert kernels.rows_matmul(x, w).equal(x @ w)
+
+
 def test_row_matmul_weight_gradient_when_asked():
     w = torch.randn(20, 30, requires_grad=True)
     x = torch.randn(1, 20, requires_grad=True)

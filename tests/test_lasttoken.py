@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from site_lens import kernels
-from site_lens.backend import PackedBackend, PromptCache, backend_for, last_logits, use_backend
+from site_lens.backend import PackedBackend, PromptCache, backend_for, last_logits, logits_at, use_backend
 from site_lens.config import SelectionConfig
 from site_lens.gate import injection_hooks
 from site_lens.lasttoken import LastToken, unsupported
@@ -90,6 +90,30 @@ def test_logits_equal_hooked_model_with_gate(variant):
     plain = model(tokens)[:, -1]
     assert torch.allclose(runner.logits(tokens[:, -1], prefix, torch.zeros_like(alpha), t), plain, atol=1e-5)
     assert not torch.allclose(got, plain, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_span_logits_equal_hooked_model_with_gate_at_its_first_token(variant):
+    """Several tokens after the prefix (the sequence objective): gate at the first, later ones causal, windows held."""
+    model = _variant_model(variant)
+    runner = LastToken(model)
+    c = model.cfg
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=g)
+    theta = torch.randn(2, c.n_layers, c.n_heads, generator=g).requires_grad_(True)  # one gate per row
+    tokens = torch.tensor([[5, 9, 17, 3, 22, 40, 7, 12], [8, 8, 1, 30, 2, 11, 19, 4]])
+    P = 3  # spans of five tokens: past gemma3-like's window of four
+    got = runner.span_logits(tokens[:, P:], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t)
+    (g_got,) = torch.autograd.grad(got.square().mean(), theta)
+    last = torch.full((2,), P)
+    positions = torch.arange(P, tokens.shape[1]).expand(2, -1)
+    want = logits_at(model, tokens, positions, hooks=injection_hooks(model, t, torch.sigmoid(theta), last))
+    (g_want,) = torch.autograd.grad(want.square().mean(), theta)
+    assert got.shape == want.shape == (2, tokens.shape[1] - P, c.d_vocab)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert torch.allclose(g_got, g_want, atol=1e-5) and g_got.abs().sum() > 0
+    one = runner.span_logits(tokens[:, P : P + 1], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t)[:, 0]
+    assert torch.allclose(one, runner.logits(tokens[:, P], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t), atol=1e-5)
 
 
 def test_packed_fast_loss_and_grad_equal_naive(model):

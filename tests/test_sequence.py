@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from site_lens.backend import backend_for
 from site_lens.config import ConfigError, SelectionConfig
 from site_lens.gate import injection_hooks
 from site_lens.selection import AlphaTrainer
@@ -27,12 +28,15 @@ def test_targets_are_the_answer_then_its_end_as_in_a_demonstration(model):
     assert all(e.continuation[-1] in generation_stop_ids(model) for e in ex)  # generation stops where training ends
 
 
-def test_cached_loss_and_grad_equal_whole_prompts(model):
+@pytest.mark.parametrize("backend", ["packed", "hooked"])
+def test_cached_loss_and_grad_equal_whole_prompts(model, backend):
     g = torch.Generator().manual_seed(0)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, generator=g)
     theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=g).requires_grad_(True)
     ex = sequence_examples(model, _pairs(WORDS))
-    cached = SequenceCache(model, ex).loss(range(len(ex)), torch.sigmoid(theta), t)
+    cache = SequenceCache(model, ex, backend=backend_for(model, backend))
+    assert cache.backend.name == backend
+    cached = cache.loss(range(len(ex)), torch.sigmoid(theta), t)
     (gc,) = torch.autograd.grad(cached, theta)
     whole = sequence_loss(model, ex, prefill=lambda last: injection_hooks(model, t, torch.sigmoid(theta), last))
     (gw,) = torch.autograd.grad(whole, theta)
@@ -120,12 +124,12 @@ def test_training_with_the_sequence_objective_fast_equals_naive(model):
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = sequence_examples(model, _pairs(WORDS))
     thetas = []
-    for fast in (True, False):
-        cfg = SelectionConfig(steps=6, eval_every=3, objective="sequence", fast=fast)
+    for fast, backend, used in [(True, "auto", "packed"), (True, "hooked", "hooked"), (False, "auto", "hooked")]:
+        cfg = SelectionConfig(steps=6, eval_every=3, objective="sequence", fast=fast, backend=backend)
         tr = AlphaTrainer(model, t, cfg, seed=1)
         thetas.append(tr.fit(ex[:6], ex[6:]).theta.detach())
-        assert tr.backend_used.name == "hooked"
-    assert torch.allclose(thetas[0], thetas[1], atol=1e-4)
+        assert tr.backend_used.name == used  # cached prefixes on packed weights where the model allows
+    assert torch.allclose(thetas[0], thetas[2], atol=1e-4) and torch.allclose(thetas[1], thetas[2], atol=1e-4)
     assert not torch.allclose(thetas[0], torch.zeros_like(thetas[0]))
 
 

@@ -1,4 +1,4 @@
-// C++ kernels for the last-token path (site_lens/kernels.py): one-row matrix products, RMSNorm.
+// C++ kernels for the last-token path (site_lens/kernels.py): one-row and few-row matrix products, RMSNorm.
 //
 // A batch-1 SITE step multiplies one activation row by every weight matrix,
 // forward (x @ W) and backward (g @ W^T). Both only stream W once, so they are
@@ -96,6 +96,89 @@ torch::Tensor row_times_t(torch::Tensor d, torch::Tensor w, int64_t threads) {
   return g;
 }
 
+// A few rows at once (the sequence objective's last prompt token and answer tokens): W is still
+// streamed once. Columns go in tiles of kTile, so a tile of W's rows and every row's accumulator
+// for it stay in L1 while W's rows stream past; threads take whole tiles, so need no partial sums.
+constexpr int64_t kTile = 256;
+constexpr int64_t kMaxRows = 32;  // above this ATen's blocked product wins (kernels.py routes there)
+
+void check_rows(const torch::Tensor& rows, const torch::Tensor& w, int64_t len) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == torch::kFloat && w.device().is_cpu(),
+              "rows_matmul: W must be a contiguous float32 CPU matrix");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(0) >= 1 && rows.size(0) <= kMaxRows && rows.size(1) == len &&
+                  rows.is_contiguous() && rows.scalar_type() == torch::kFloat && rows.device().is_cpu(),
+              "rows_matmul: the rows must be a contiguous float32 CPU tensor of shape (1..", kMaxRows, ", ", len, ")");
+}
+
+// y = x @ W: x (M, K), W (K, N) -> (M, N); each row's sums in the order of axpy_rows
+torch::Tensor rows_times(torch::Tensor x, torch::Tensor w, int64_t threads) {
+  const int64_t K = w.size(0), N = w.size(1), M = x.size(0);
+  check_rows(x, w, K);
+  auto y = torch::zeros({M, N}, w.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t tiles = (N + kTile - 1) / kTile;
+  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(threads, tiles));
+#pragma omp parallel for schedule(static) num_threads(T) if (T > 1 && M * K * N >= kMinParallel)
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t j0 = tile * kTile, jn = std::min(kTile, N - j0);
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      const float* r = wp + k * N + j0;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* a = xp + m * K + k;
+        float* acc = yp + m * N + j0;
+#pragma omp simd
+        for (int64_t j = 0; j < jn; ++j)
+          acc[j] += ((a[0] * r[j] + a[1] * r[N + j]) + (a[2] * r[2 * N + j] + a[3] * r[3 * N + j])) +
+                    ((a[4] * r[4 * N + j] + a[5] * r[5 * N + j]) + (a[6] * r[6 * N + j] + a[7] * r[7 * N + j]));
+      }
+    }
+    for (; k < K; ++k) {
+      const float* row = wp + k * N + j0;
+      for (int64_t m = 0; m < M; ++m) {
+        const float a = xp[m * K + k];
+        float* acc = yp + m * N + j0;
+#pragma omp simd
+        for (int64_t j = 0; j < jn; ++j) acc[j] += a * row[j];
+      }
+    }
+  }
+  return y;
+}
+
+// g = d @ W^T: d (M, N), W (K, N) -> (M, K). Column tiles outermost: a tile of every row of d stays
+// in L1 while the same columns of W's rows stream past (each element of W is read once)
+torch::Tensor rows_times_t(torch::Tensor d, torch::Tensor w, int64_t threads) {
+  const int64_t K = w.size(0), N = w.size(1), M = d.size(0);
+  check_rows(d, w, N);
+  auto g = torch::zeros({M, K}, w.options());
+  const float* dp = d.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* gp = g.data_ptr<float>();
+  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(threads, K));
+#pragma omp parallel num_threads(T) if (T > 1 && M * K * N >= kMinParallel)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t k0 = K * t / nt, k1 = K * (t + 1) / nt;  // each thread its own outputs: no partial sums
+    for (int64_t j0 = 0; j0 < N; j0 += kTile) {
+      const int64_t jn = std::min(kTile, N - j0);
+      for (int64_t k = k0; k < k1; ++k) {
+        const float* row = wp + k * N + j0;
+        for (int64_t m = 0; m < M; ++m) {
+          const float* dm = dp + m * N + j0;
+          float s = 0.f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t j = 0; j < jn; ++j) s += row[j] * dm[j];
+          gp[m * K + k] += s;
+        }
+      }
+    }
+  }
+  return g;
+}
+
 // Autograd in C++: a Python autograd.Function costs ~20 us a call, a fifth of a small product.
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
@@ -112,6 +195,23 @@ struct RowMatmul : public torch::autograd::Function<RowMatmul> {
     torch::Tensor gx, gw;
     if (ctx->needs_input_grad(0))  // with create_graph, ATen's product so that the gradient has a graph
       gx = torch::GradMode::is_enabled() ? grads[0].mm(saved[1].t()) : row_times_t(grads[0].contiguous(), saved[1], threads);
+    if (ctx->needs_input_grad(1)) gw = saved[0].t().mm(grads[0]);  // a frozen model never asks for this
+    return {gx, gw, torch::Tensor()};
+  }
+};
+
+struct RowsMatmul : public torch::autograd::Function<RowsMatmul> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor w, int64_t threads) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["threads"] = threads;
+    return rows_times(x, w, threads);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const int64_t threads = ctx->saved_data["threads"].toInt();
+    torch::Tensor gx, gw;
+    if (ctx->needs_input_grad(0))  // with create_graph, ATen's product so that the gradient has a graph
+      gx = torch::GradMode::is_enabled() ? grads[0].mm(saved[1].t()) : rows_times_t(grads[0].contiguous(), saved[1], threads);
     if (ctx->needs_input_grad(1)) gw = saved[0].t().mm(grads[0]);  // a frozen model never asks for this
     return {gx, gw, torch::Tensor()};
   }
@@ -180,11 +280,15 @@ struct RmsNorm : public torch::autograd::Function<RmsNorm> {
 };
 
 torch::Tensor row_matmul(torch::Tensor x, torch::Tensor w, int64_t threads) { return RowMatmul::apply(x, w, threads); }
+torch::Tensor rows_matmul(torch::Tensor x, torch::Tensor w, int64_t threads) { return RowsMatmul::apply(x, w, threads); }
 torch::Tensor rms_norm(torch::Tensor x, double eps) { return RmsNorm::apply(x, eps); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_times", &row_times, "x @ W for one row x");
   m.def("row_times_t", &row_times_t, "d @ W^T for one row d");
   m.def("row_matmul", &row_matmul, "x @ W for one row x, differentiable in x");
+  m.def("rows_times", &rows_times, "x @ W for a few rows x");
+  m.def("rows_times_t", &rows_times_t, "d @ W^T for a few rows d");
+  m.def("rows_matmul", &rows_matmul, "x @ W for a few rows x, differentiable in x");
   m.def("rms_norm", &rms_norm, "x / sqrt(mean(x^2) + eps), differentiable");
 }
