@@ -293,7 +293,7 @@ def packed_blocker(model: HookedTransformer) -> str | None:
 
 
 def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
-    """Max |packed - hooked| logit, relative to the largest logit, on one seeded prompt under a random gate."""
+    """Max |packed - hooked| logit, relative to the largest logit, on one seeded prompt under a random gate (last token and a span)."""
     c = model.cfg
     gen = torch.Generator().manual_seed(0)
     n = min(8, c.n_ctx)
@@ -306,7 +306,12 @@ def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
         t = scale * torch.randn(c.n_layers, c.n_heads, c.d_head, generator=gen).to(device=c.device, dtype=c.dtype)
         want = hooked.logits(tokens[:, -1], prefix, alpha, t)
         got = packed.logits(tokens[:, -1], packed.prefix(tokens[:, :-1]), alpha, t)
-    return float((got - want).abs().max() / want.abs().max().clamp(min=1.0))
+        err = float((got - want).abs().max() / want.abs().max().clamp(min=1.0))
+        if n >= 4:  # and a span of three tokens after a shorter prefix (the sequence objective)
+            want = hooked.span_logits(tokens[:, -3:], hooked.prefix(tokens[:, :-3]), alpha, t)
+            got = packed.span_logits(tokens[:, -3:], packed.prefix(tokens[:, :-3]), alpha, t)
+            err = max(err, float((got - want).abs().max() / want.abs().max().clamp(min=1.0)))
+    return err
 
 
 def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:

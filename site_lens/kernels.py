@@ -12,7 +12,7 @@ Their autograd, and a weightless RMSNorm's, is written in C++: a Python
 The kernel is built once per source, torch version and CPU with
 ``torch.utils.cpp_extension`` (needs a C++ compiler and ninja) into
 ``$SITE_LENS_CACHE/ext`` (safe to delete). Where it cannot be built, or with
-``SITE_LENS_KERNELS=0``, ``row_matmul`` is ``x @ W``, ``rms_norm`` torch's, and
+``SITE_LENS_KERNELS=0``, ``row_matmul`` and ``rows_matmul`` are ``x @ W``, ``rms_norm`` torch's, and
 everything still runs.
 No weight gradients are computed by the kernel (the model is frozen); a
 weight that requires grad gets its gradient from torch. Under

@@ -26,8 +26,10 @@ projection is kept output-major for ``F.linear``, which MKL runs faster).
 ``LastToken.decode`` is the same step for greedy generation: one new token
 per row against a preallocated buffer of rotated keys and values, taken over
 from TransformerLens's cache after the (hooked) prefill.
-Tests hold both to the hooked model to 1e-5 (tests/test_lasttoken.py).
+Tests hold all three to the hooked model to 1e-5 (tests/test_lasttoken.py).
 
+``LastToken.span_logits`` runs several tokens after the prefix the same way, the gate at
+the first of them (the sequence objective's last prompt token and teacher-forced answer).
 It covers Llama-style blocks (SmolLM2) and Gemma 3's additions (per-head
 Q/K RMSNorm, RMSNorm of each sublayer's output, sliding-window layers).
 ``unsupported(model)`` names what it does not cover (LayerNorm, absolute
@@ -137,7 +139,7 @@ class DecodeCache:
 
 
 class LastToken:
-    """One-token forward of a supported model, with SITE's gate at that token (see module docstring)."""
+    """One-token (and few-token) forwards of a supported model, SITE's gate at the first token (see module docstring)."""
 
     def __init__(self, model: HookedTransformer):
         why = unsupported(model)
@@ -307,7 +309,8 @@ class LastToken:
         The teacher-forced answer of the sequence objective: the first token is the last prompt
         token (SITE's injection there), the rest see it only through attention. Causal among
         the n tokens, so right padding never reaches a real position. ``alpha``, ``t`` and the
-        prefix's rows are as in ``logits``. Its products take all B n rows at once (``rows_matmul``).
+        prefix's rows are as in ``logits``. Its products take all B n rows at once (``rows_matmul``:
+        the C++ kernel for up to ``kernels.MAX_ROWS`` float32 CPU rows, torch's matmul otherwise).
         """
         H, KV, D = self.n_heads, self.n_kv, self.d_head
         (B, n), P = tokens.shape, prefix.length
@@ -316,6 +319,8 @@ class LastToken:
         if prefix.keys[0].shape[0] not in (1, B):
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} spans")
         self._cover(P + n)
+        if P + n > self.layers[0]["cos"].shape[0]:
+            raise ValueError(f"a span ending at position {P + n - 1} is past the model's context ({self.model.cfg.n_ctx})")
         resid = self.model.W_E[tokens].reshape(B * n, -1)  # (batch n, d_model)
         gated = alpha is not None and t is not None
         if gated:

@@ -10,7 +10,8 @@ answer, ``sequence.py``), validating every
 Fast path (default): the injection only changes the last prompt token, so every
 earlier position's keys and values do not depend on alpha. They are computed
 once per prompt (``backend.PromptCache``) and each step runs only the last
-token against them, on the model's backend (packed weights where the model
+token (with the teacher-forced objectives, the last token and the answer
+tokens: ``sequence.SequenceCache``) against them, on the model's backend (packed weights where the model
 allows, the hooked model otherwise; ``SelectionConfig.backend``). The naive
 path (``fast=False``) runs whole prompts through the hooked model; tests
 check all of them agree.

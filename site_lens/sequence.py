@@ -163,7 +163,8 @@ class SequenceCache(PromptCache):
     """Each prompt's prefix computed once; ``loss`` runs its last token and answer tokens against it.
 
     The prefixes are ``backend.PromptCache``'s (grouped by length, one forward per group), on
-    ``backend`` (``backend_for(model)`` by default); ``loss`` runs each group's rows together (their chunks right-padded;
+    ``backend`` (``backend_for(model)`` by default: the packed engine where the model allows,
+    so hooks attached to the model later do not fire; pass ``HookedBackend(model)`` for them); ``loss`` runs each group's rows together (their chunks right-padded;
     causal attention keeps the padding out of every real position), so validating over many
     prompts costs a few batched forwards instead of one per prompt.
     """
@@ -181,7 +182,12 @@ class SequenceCache(PromptCache):
         alpha: Float[Tensor, "layer head_index"] | None = None,
         t: Float[Tensor, "layer head_index d_head"] | None = None,
     ) -> Tensor:
-        """Mean over ``indices`` of the teacher-forced CE, the gate applied at the last prompt token."""
+        """Mean over ``indices`` of the teacher-forced CE, the gate applied at the last prompt token.
+
+        One gate for every prompt: ``alpha`` (layer, head), ``t`` (layer, head, d_head).
+        """
+        if (alpha is not None and alpha.dim() != 2) or (t is not None and t.dim() != 3):
+            raise ValueError("SequenceCache.loss takes one gate for all prompts: alpha (layer, head), t (layer, head, d_head)")
         model, device = self.model, self.model.cfg.device
         total = torch.zeros((), device=device)
         for length, group in self.groups(indices).items():

@@ -116,6 +116,25 @@ def test_span_logits_equal_hooked_model_with_gate_at_its_first_token(variant):
     assert torch.allclose(one, runner.logits(tokens[:, P], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t), atol=1e-5)
 
 
+def test_span_past_the_context_is_refused(model):
+    runner = LastToken(model)
+    n_ctx = model.cfg.n_ctx
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, n_ctx + 1))
+    with pytest.raises(ValueError, match="context"):
+        runner.span_logits(tokens[:, n_ctx - 1 :], runner.prefix(tokens[:, : n_ctx - 1]), None, None)
+
+
+def test_probe_covers_spans(monkeypatch):
+    """A packed span that disagrees with the hooked model sends the model to the hooked backend."""
+    from site_lens import lasttoken
+
+    model = _tiny()
+    real = LastToken.span_logits
+    monkeypatch.setattr(lasttoken.LastToken, "span_logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
+    b = backend_for(model)
+    assert b.name == "hooked" and "probe" in b.reason
+
+
 def test_packed_fast_loss_and_grad_equal_naive(model):
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = _examples(model)

@@ -243,3 +243,10 @@ def test_site_opt_trains_on_the_letter(model, tmp_path):
     assert not torch.allclose(theta, torch.zeros_like(theta))  # a gradient reached the gate through the letter
     with pytest.raises(ValueError, match="unknown objective"):
         objective_examples(model, task, "train", "letters")
+
+
+def test_cached_loss_refuses_a_gate_per_prompt(model):
+    ex = sequence_examples(model, _pairs(WORDS[:2]))
+    c = model.cfg
+    with pytest.raises((ValueError, TypeError)):  # the jaxtyping annotation, or the check without it
+        SequenceCache(model, ex).loss([0, 1], torch.rand(2, c.n_layers, c.n_heads), torch.randn(c.n_layers, c.n_heads, c.d_head))

@@ -110,7 +110,7 @@ void check_rows(const torch::Tensor& rows, const torch::Tensor& w, int64_t len) 
               "rows_matmul: the rows must be a contiguous float32 CPU tensor of shape (1..", kMaxRows, ", ", len, ")");
 }
 
-// y = x @ W: x (M, K), W (K, N) -> (M, N); each row's sums in the order of axpy_rows
+// y = x @ W: x (M, K), W (K, N) -> (M, N); each row's sums in the order of a one-thread row_times
 torch::Tensor rows_times(torch::Tensor x, torch::Tensor w, int64_t threads) {
   const int64_t K = w.size(0), N = w.size(1), M = x.size(0);
   check_rows(x, w, K);
