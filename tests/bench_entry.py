@@ -1,9 +1,13 @@
 """Test-only entry point: ``python tests/bench_entry.py bench --model tiny ...`` runs the real CLI
-with ``--model tiny`` mapped to the tiny random model and every method given a small budget."""
+with ``--model tiny`` mapped to the tiny random model and every method given a small budget.
+``SMALL_ROW_SECONDS=S`` makes each row take at least S seconds (inside its lock): a test that
+must catch a process while it holds a row's lock then cannot miss it."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,6 +46,15 @@ def _small_run_bench(*args, cfg, **kw):
 
 
 bench.run_bench = _small_run_bench
+_run_row = bench.run_row
+
+
+def _slow_run_row(*args, **kw):
+    time.sleep(float(os.environ.get("SMALL_ROW_SECONDS", "0")))
+    return _run_row(*args, **kw)
+
+
+bench.run_row = _slow_run_row
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -202,7 +202,11 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
     done = subprocess.run(bench_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     logs = [tmp_path / f"p{i}.log" for i in range(3)]
-    procs = [subprocess.Popen(bench_cmd(data, out), env=env, stdout=f.open("w"), stderr=subprocess.STDOUT) for f in logs]
+    slow = {**env, "SMALL_ROW_SECONDS": "2"}  # the victim's rows last long enough to be caught holding one
+    procs = [
+        subprocess.Popen(bench_cmd(data, out), env=slow if i == 0 else env, stdout=f.open("w"), stderr=subprocess.STDOUT)
+        for i, f in enumerate(logs)
+    ]
     victim = procs[0]
     deadline = time.time() + 240
     killed = False
