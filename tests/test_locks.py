@@ -203,10 +203,15 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
     assert done.returncode == 0, done.stderr
     logs = [tmp_path / f"p{i}.log" for i in range(3)]
     slow = {**env, "SMALL_ROW_SECONDS": "2"}  # the victim's rows last long enough to be caught holding one
-    procs = [
-        subprocess.Popen(bench_cmd(data, out), env=slow if i == 0 else env, stdout=f.open("w"), stderr=subprocess.STDOUT)
-        for i, f in enumerate(logs)
-    ]
+
+    def start(i):
+        return subprocess.Popen(
+            bench_cmd(data, out), env=slow if i == 0 else env, stdout=logs[i].open("w"), stderr=subprocess.STDOUT
+        )
+
+    # The victim starts first: started together, the other two could finish every row while it
+    # is still importing. They start once it holds a row, and it is killed holding one.
+    procs = [start(0)]
     victim = procs[0]
     deadline = time.time() + 240
     killed = False
@@ -217,10 +222,15 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
             except (OSError, ValueError):
                 continue
             if info.get("pid") == victim.pid and "released" not in info and p.parent.name.startswith("seed"):
+                if len(procs) == 1:
+                    procs += [start(1), start(2)]
+                    break
                 victim.send_signal(signal.SIGKILL)  # while it holds a row's lock
                 killed = True
                 break
         time.sleep(0.01)
+    if len(procs) == 1:
+        procs += [start(1), start(2)]
     assert killed, "the victim never held a row lock"
     for p in procs:
         p.wait(timeout=300)
