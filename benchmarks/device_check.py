@@ -1,0 +1,200 @@
+"""Both backends and the Hugging Face path on an accelerator, against the float32 CPU reference.
+
+    .venv/bin/python benchmarks/device_check.py --device cuda --out results/checks/device_check.json
+
+For each embedded model, with a task embedding of uppercase and a seeded random gate:
+
+* **last-token logits** of 32 training prompts (``PromptCache``, as SITE's training step uses)
+  on the device with the hooked and the packed backend, against the hooked backend on CPU
+  (max |difference| over the largest |logit|);
+* **the sequence loss** (``SequenceCache``) on the device, both backends, against CPU;
+* **greedy generations** of 50 prompts (8 new tokens, injected at prefill) on the device with
+  each backend: how many equal the CPU's token for token;
+* **training-step time**: the median of 30 batch-1 first-token steps (forward and backward to
+  theta) on the device with each backend and on CPU with the packed one;
+* **the Hugging Face path** (``site_lens.hf``) dispatched by accelerate with the first half of
+  the layers (and the embedding, final norm and unembedding) on the device and the second half on
+  the CPU, so activations cross devices both ways: which devices the layers are on, and how many
+  of the 50 generations equal the TransformerLens CPU path's (batched and one by one).
+
+Each part's result (or its error) is written to ``--out`` as it finishes. ``--device cpu`` runs
+the same checks on CPU (a dry run of the script; the HF split map then has nothing to split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import site_lens as sl
+from site_lens import hf
+from site_lens.backend import PromptCache, backend_for
+from site_lens.embeddings import build_task_embedding
+from site_lens.gate import injection_hooks
+from site_lens.inject import generate_greedy
+from site_lens.io import Adapter
+from site_lens.models import model_identity
+from site_lens.sequence import SequenceCache, objective_examples
+from site_lens.tasks import format_query
+from site_lens.tokens import encode
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    return float((got - want).abs().max() / want.abs().max().clamp(min=1.0))
+
+
+def synced(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gate(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t, theta): uppercase's task embedding (10 five-shot prompts) and a seeded random theta, on CPU."""
+    task = sl.load_task("uppercase")
+    shots = "".join(f"{format_query(x)} {y}\n\n" for x, y in task.train[:5])
+    t = build_task_embedding(model, encode(model, [shots + format_query(x) for x, _ in task.train[5:15]]))
+    theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=torch.Generator().manual_seed(0))
+    return t.float().cpu(), theta
+
+
+def prompts(n: int) -> list[str]:
+    items = [x for k in ("uppercase", "first-letter", "antonym", "next-number") for x, _ in sl.load_task(k).test]
+    return [format_query(x) for x in random.Random(0).sample(items, n)]
+
+
+def logits_of(cache: PromptCache, n: int, alpha, t) -> torch.Tensor:
+    out = torch.empty(n, cache.model.cfg.d_vocab)
+    with torch.no_grad():
+        for idx, logits in cache.logits(range(n), alpha, t):
+            out[idx] = logits.float().cpu()
+    return out
+
+
+def step_seconds(cache: PromptCache, theta: torch.Tensor, t: torch.Tensor, steps: int, device: str) -> float:
+    theta = theta.clone().to(device).requires_grad_(True)
+    times = []
+    for i in range(steps + 3):  # three warm-up steps
+        synced(device)
+        t0 = time.perf_counter()
+        loss = cache.loss([i % len(cache)], torch.sigmoid(theta), t)
+        loss.backward()
+        synced(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+        theta.grad = None
+    return statistics.median(times)
+
+
+def tl_checks(name: str, device: str, report: dict) -> None:
+    cpu = sl.load_model(name)
+    dev = sl.load_model(name, device=device)
+    for m in (cpu, dev):
+        m.requires_grad_(False)
+    t, theta = gate(cpu)
+    alpha = torch.sigmoid(theta)
+    t_dev, alpha_dev = t.to(device), alpha.to(device)
+    task = sl.load_task("uppercase")
+    first = objective_examples(cpu, task, "train", "first_token")[:32]
+    seq = objective_examples(cpu, task, "train", "sequence")[:16]
+    ref = PromptCache(cpu, first, backend=backend_for(cpu, "hooked"))
+    want = logits_of(ref, len(first), alpha, t)
+    with torch.no_grad():
+        want_seq = float(SequenceCache(cpu, seq, backend=backend_for(cpu, "hooked")).loss(range(len(seq)), alpha, t))
+    report["logits_rel_err"], report["sequence_loss"] = {}, {"cpu_hooked": want_seq}
+    report["step_s"] = {}
+    caches = {}
+    for kind in ("hooked", "packed"):
+        be = backend_for(dev, kind)
+        caches[kind] = PromptCache(dev, first, backend=be)
+        report["logits_rel_err"][kind] = rel_err(logits_of(caches[kind], len(first), alpha_dev, t_dev), want)
+        with torch.no_grad():
+            got = float(SequenceCache(dev, seq, backend=be).loss(range(len(seq)), alpha_dev, t_dev))
+        report["sequence_loss"][f"{device}_{kind}"] = got
+    texts = prompts(50)
+    toks = encode(cpu, texts)
+    base, _ = generate_greedy(cpu, toks, max_new_tokens=8, prefill_hooks=lambda last: injection_hooks(cpu, t, alpha, last))
+    report["generations_equal_to_cpu"] = {}
+    for kind in ("hooked", "packed"):
+        got, _ = generate_greedy(
+            dev,
+            toks,
+            max_new_tokens=8,
+            prefill_hooks=lambda last: injection_hooks(dev, t_dev, alpha_dev, last),
+            backend=kind,
+        )
+        report["generations_equal_to_cpu"][kind] = f"{sum(a == b for a, b in zip(got, base))} of {len(base)}"
+    for kind in ("hooked", "packed"):
+        report["step_s"][f"{device}_{kind}"] = step_seconds(caches[kind], theta, t_dev, 30, device)
+    cpu_packed = PromptCache(cpu, first, backend=backend_for(cpu, "packed"))
+    report["step_s"]["cpu_packed_reference"] = step_seconds(cpu_packed, theta, t, 30, "cpu")
+    report["_tl"] = (cpu, t, theta, texts, base)
+
+
+def hf_checks(name: str, device: str, tl: tuple, report: dict) -> None:
+    cpu, t, theta, texts, base = tl
+    adapter = Adapter(t=t, theta=theta, model=model_identity(cpu))
+    from accelerate import dispatch_model
+
+    model, tok = hf.load_hf_model(name)
+    n = len(model.model.layers)
+    device_map = {f"model.{k}": device for k, _ in model.model.named_children() if k != "layers"}
+    device_map |= {f"model.layers.{i}": device if i < n // 2 else "cpu" for i in range(n)}
+    device_map["lm_head"] = device  # tied to the embedding on both models: kept with it
+    model = dispatch_model(model, device_map=device_map)
+    layers = {str(p.device) for m in hf.output_projections(model) for p in m.parameters()}
+    report["hf_layer_devices"] = sorted(layers)
+    for bs in (16, 1):
+        t0 = time.perf_counter()
+        got = hf.generate(model, tok, texts, adapter, max_new_tokens=8, batch_size=bs, return_tokens=True)
+        report[f"hf_batch{bs}_equal_to_tl_cpu"] = f"{sum(a == b for a, b in zip(got, base))} of {len(base)}"
+        report[f"hf_batch{bs}_s"] = time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--models", default="smollm2-135m,gemma-3-270m")
+    ap.add_argument("--out", default="results/checks/device_check.json")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {"device": args.device, "torch": torch.__version__}
+    if args.device.startswith("cuda"):
+        result["device_name"] = torch.cuda.get_device_name(0)
+
+    def save() -> None:
+        out.write_text(json.dumps(result, indent=1, default=str))
+
+    for name in args.models.split(","):
+        rep: dict = {}
+        result[name] = rep
+        for part, fn in (("tl", lambda: tl_checks(name, args.device, rep)), ("hf", lambda: hf_checks(name, args.device, rep["_tl"], rep))):
+            t0 = time.perf_counter()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001  (a check script: record the failure and go on)
+                rep[f"{part}_error"] = traceback.format_exc(limit=8)
+                if part == "tl":
+                    break
+            finally:
+                rep[f"{part}_seconds"] = time.perf_counter() - t0
+                save_rep = {k: v for k, v in rep.items() if k != "_tl"}
+                result[name] = save_rep
+                save()
+                result[name] = rep
+        rep.pop("_tl", None)
+        result[name] = rep
+        save()
+        print(json.dumps({name: rep}, indent=1, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
