@@ -120,7 +120,9 @@ def tl_checks(name: str, device: str, report: dict) -> None:
         report["sequence_loss"][f"{device}_{kind}"] = got
     texts = prompts(50)
     toks = encode(cpu, texts)
-    base, _ = generate_greedy(cpu, toks, max_new_tokens=8, prefill_hooks=lambda last: injection_hooks(cpu, t, alpha, last))
+    base, _ = generate_greedy(
+        cpu, toks, max_new_tokens=8, prefill_hooks=lambda last: injection_hooks(cpu, t, alpha, last)
+    )
     report["generations_equal_to_cpu"] = {}
     for kind in ("hooked", "packed"):
         got, _ = generate_greedy(
@@ -176,11 +178,14 @@ def main() -> None:
     for name in args.models.split(","):
         rep: dict = {}
         result[name] = rep
-        for part, fn in (("tl", lambda: tl_checks(name, args.device, rep)), ("hf", lambda: hf_checks(name, args.device, rep["_tl"], rep))):
+        for part, fn in (
+            ("tl", lambda: tl_checks(name, args.device, rep)),
+            ("hf", lambda: hf_checks(name, args.device, rep["_tl"], rep)),
+        ):
             t0 = time.perf_counter()
             try:
                 fn()
-            except Exception:  # noqa: BLE001  (a check script: record the failure and go on)
+            except Exception:  # a check script: record the failure and go on
                 rep[f"{part}_error"] = traceback.format_exc(limit=8)
                 if part == "tl":
                     break
