@@ -19,7 +19,7 @@ from pathlib import Path
 from site_lens import bench
 
 METHODS = ["zero_shot", "icl", "site_opt", "i2cl_opt", "lora_opt"]
-NAMES = {"zero_shot": "zero-shot", "icl": "10-shot ICL", "site_opt": "SITE", "i2cl_opt": "I2CL", "lora_opt": "LoRA"}
+NAMES = {"zero_shot": "zero-shot", "icl": "ICL", "site_opt": "SITE", "i2cl_opt": "I2CL", "lora_opt": "LoRA"}
 PAPER = {"icl": 47.17, "site_opt": 58.04, "i2cl_opt": 50.60, "lora_opt": 60.39}  # Llama-3.1-8B, BBH exact %
 
 
@@ -46,12 +46,17 @@ def chance(data: Path | None, task: str) -> str:
 
 def table(folder: Path, data: Path | None) -> str:
     rows = load(folder)
-    model = json.loads((folder / bench.SPEC_FILE).read_text())["model"]
+    spec = json.loads((folder / bench.SPEC_FILE).read_text())
+    model, shots = spec["model"], spec["config"]["embedding"]["n_shots"]
     tasks = sorted({t for t, _ in rows})
     done = [t for t in tasks if all((t, m) in rows for m in METHODS)]
     head = "| task | chance % | " + " | ".join(NAMES[m] for m in METHODS) + " |"
     lines = [f"#### {model}: {len(done)} tasks with all {len(METHODS)} methods", ""]
-    lines += ["Exact match % / option accuracy % (first 50 test items, seed 0):", "", head]
+    lines += [
+        f"Exact match % / option accuracy % (first {spec['max_test']} test items, seed 0; ICL {shots}-shot):",
+        "",
+        head,
+    ]
     lines.append("|" + "---|" * (len(METHODS) + 2))
     for t in tasks:
         cells = []
@@ -66,9 +71,7 @@ def table(folder: Path, data: Path | None) -> str:
             ex = statistics.mean(float(rows[(t, m)]["exact_match"]) for t in done)
             means.append(f"{100 * ex:.1f}")
         lines.append(f"| mean exact, {len(done)} tasks | | " + " | ".join(means) + " |")
-        lines.append(
-            "| paper (Llama-3.1-8B, BBH) | | - | " + " | ".join(f"{PAPER[m]:.1f}" for m in METHODS[1:]) + " |"
-        )
+        lines.append("| paper (Llama-3.1-8B, BBH) | | - | " + " | ".join(f"{PAPER[m]:.1f}" for m in METHODS[1:]) + " |")
     return "\n".join(lines) + "\n"
 
 

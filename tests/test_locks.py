@@ -202,7 +202,7 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
     done = subprocess.run(bench_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     logs = [tmp_path / f"p{i}.log" for i in range(3)]
-    slow = {**env, "SMALL_ROW_SECONDS": "2"}  # the victim's rows last long enough to be caught holding one
+    slow = {**env, "SMALL_ROW_SECONDS": "4"}  # the victim's rows last long enough to be caught holding one
 
     def start(i):
         return subprocess.Popen(
@@ -210,30 +210,40 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
         )
 
     # The victim starts first: started together, the other two could finish every row while it
-    # is still importing. They start once it holds a row, and it is killed holding one.
+    # is still importing. They start once it holds a row; it is killed holding one once another
+    # process has taken a row (so that one has passed the victim's live lock).
     procs = [start(0)]
-    victim = procs[0]
-    deadline = time.time() + 240
-    killed = False
-    while time.time() < deadline and not killed and victim.poll() is None:
-        for p in (out / bench.LOCKS_DIR).rglob("*"):
-            try:
-                info = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            if info.get("pid") == victim.pid and "released" not in info and p.parent.name.startswith("seed"):
-                if len(procs) == 1:
-                    procs += [start(1), start(2)]
-                    break
+    try:
+        victim = procs[0]
+        deadline = time.time() + 240
+        killed = False
+        while time.time() < deadline and not killed and victim.poll() is None:
+            holds, others = False, False
+            for p in (out / bench.LOCKS_DIR).rglob("*"):
+                if not p.parent.name.startswith("seed"):
+                    continue
+                try:
+                    info = json.loads(p.read_text())
+                except (OSError, ValueError):
+                    continue
+                holds |= info.get("pid") == victim.pid and "released" not in info
+                others |= info.get("pid") in {q.pid for q in procs[1:]}
+            if holds and len(procs) == 1:
+                procs += [start(1), start(2)]
+            elif holds and others:
                 victim.send_signal(signal.SIGKILL)  # while it holds a row's lock
                 killed = True
-                break
-        time.sleep(0.01)
-    if len(procs) == 1:
-        procs += [start(1), start(2)]
-    assert killed, "the victim never held a row lock"
-    for p in procs:
-        p.wait(timeout=300)
+            time.sleep(0.01)
+        if len(procs) == 1:
+            procs += [start(1), start(2)]
+        assert killed, "the victim never held a row lock"
+        for p in procs:
+            p.wait(timeout=300)
+    finally:  # none left running if an assertion above fails
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert [p.returncode for p in procs[1:]] == [0, 0], [f.read_text()[-2000:] for f in logs[1:]]
     again = subprocess.run(bench_cmd(data, out), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr

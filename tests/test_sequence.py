@@ -56,7 +56,9 @@ def test_cached_batches_of_one_prefix_length_equal_rows_one_by_one(model):
     assert len({len(e.continuation) for e in ex[:3]}) == 3  # one prefix length, three answer lengths
     one_by_one = torch.stack([cache.loss([i], alpha, t) for i in range(len(ex))]).mean()
     assert torch.allclose(cache.loss(range(len(ex)), alpha, t), one_by_one, atol=1e-5)
-    assert torch.allclose(cache.loss([2, 0], alpha, t), (cache.loss([0], alpha, t) + cache.loss([2], alpha, t)) / 2, atol=1e-5)
+    assert torch.allclose(
+        cache.loss([2, 0], alpha, t), (cache.loss([0], alpha, t) + cache.loss([2], alpha, t)) / 2, atol=1e-5
+    )
 
 
 def test_whole_prompt_batches_equal_rows_one_by_one(model, monkeypatch):
@@ -175,7 +177,9 @@ def test_site_seq_is_site_with_the_sequence_objective():
     assert configured("site", cfg).selection.objective == "first_token"
     short = replace(cfg, selection=replace(cfg.selection, steps=7))
     assert bench.row_spec("m", short, "site_seq")["settings"] == {"selection.steps": 7}
-    assert bench.row_spec("m", short, "site_opt")["settings"] == {"selection.steps": 7}  # a rerun with other steps refits
+    assert bench.row_spec("m", short, "site_opt")["settings"] == {
+        "selection.steps": 7
+    }  # a rerun with other steps refits
 
 
 # ---------------------------------------------------------------- the option-token objective
@@ -235,7 +239,9 @@ def test_site_opt_trains_on_the_letter(model, tmp_path):
 
     from site_lens.config import SelectionConfig
 
-    cfg = SiteConfig(embedding=replace(SMALL_EMBEDDING, n_shots=2), selection=SelectionConfig(steps=4, eval_every=2, max_valid=4))
+    cfg = SiteConfig(
+        embedding=replace(SMALL_EMBEDDING, n_shots=2), selection=SelectionConfig(steps=4, eval_every=2, max_valid=4)
+    )
     m = configured("site_opt", cfg)
     assert (m.name, m.selection.objective) == ("site_opt", "option_token")
     m.fit(model, task, 0)
@@ -248,5 +254,7 @@ def test_site_opt_trains_on_the_letter(model, tmp_path):
 def test_cached_loss_refuses_a_gate_per_prompt(model):
     ex = sequence_examples(model, _pairs(WORDS[:2]))
     c = model.cfg
-    with pytest.raises((ValueError, TypeError)):  # the jaxtyping annotation, or the check without it
-        SequenceCache(model, ex).loss([0, 1], torch.rand(2, c.n_layers, c.n_heads), torch.randn(c.n_layers, c.n_heads, c.d_head))
+    with pytest.raises((ValueError, TypeError), match="one gate|alpha"):  # the jaxtyping annotation, or the check
+        SequenceCache(model, ex).loss(
+            [0, 1], torch.rand(2, c.n_layers, c.n_heads), torch.randn(c.n_layers, c.n_heads, c.d_head)
+        )
