@@ -113,7 +113,26 @@ def test_span_logits_equal_hooked_model_with_gate_at_its_first_token(variant):
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert torch.allclose(g_got, g_want, atol=1e-5) and g_got.abs().sum() > 0
     one = runner.span_logits(tokens[:, P : P + 1], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t)[:, 0]
-    assert torch.allclose(one, runner.logits(tokens[:, P], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t), atol=1e-5)
+    assert torch.allclose(
+        one, runner.logits(tokens[:, P], runner.prefix(tokens[:, :P]), torch.sigmoid(theta), t), atol=1e-5
+    )
+
+
+def test_span_logits_share_one_prefix_row_across_spans():
+    """A prefix of one row serves every span (the shared few-shot prefix): the same as that prefix repeated."""
+    model = _variant_model("gemma3-like")
+    runner = LastToken(model)
+    c = model.cfg
+    g = torch.Generator().manual_seed(4)
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=g)
+    alpha = torch.rand(c.n_layers, c.n_heads, generator=g)
+    prefix = torch.tensor([[5, 9, 17, 3]])
+    spans = torch.tensor([[22, 40, 7], [11, 19, 4], [8, 1, 30]])
+    got = runner.span_logits(spans, runner.prefix(prefix), alpha, t)
+    want = runner.span_logits(spans, runner.prefix(prefix.expand(3, -1)), alpha, t)
+    assert torch.allclose(got, want, atol=1e-6)
+    with pytest.raises(ValueError, match="prefix has 2 rows for 3 spans"):
+        runner.span_logits(spans, runner.prefix(prefix.expand(2, -1)), alpha, t)
 
 
 def test_span_past_the_context_is_refused(model):
@@ -290,7 +309,9 @@ def test_generation_packed_equals_hooked_and_uncached(model):
 
     runs = {
         "packed": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set()),
-        "hooked": generate_greedy(model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), backend="hooked"),
+        "hooked": generate_greedy(
+            model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), backend="hooked"
+        ),
         "uncached": generate_greedy(
             model, prompts, max_new_tokens=12, prefill_hooks=hooks, stop_ids=set(), use_cache=False
         ),
