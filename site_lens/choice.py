@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import torch
 from transformer_lens import HookedTransformer
 
+from .backend import HookedBackend, logits_at
 from .gate import HookFactory, Hooks
-from .tokens import answer_ids, encode, pad_id, pad_right
+from .tokens import answer_ids, check_context, encode, pad_id, pad_right
 
 
 @torch.inference_mode()
@@ -30,24 +31,45 @@ def option_logprobs(
     prefill: HookFactory | None = None,
     hooks: Hooks = (),
 ) -> list[list[float]]:
-    """Summed log-probability of each option's tokens after its prompt (one list per prompt)."""
+    """Summed log-probability of each option's tokens after its prompt (one list per prompt).
+
+    The prompt up to its last token runs once, into a KV cache (with ``hooks`` and any hooks
+    attached to the model); then every option runs as one row against it: the last prompt token
+    (where ``prefill`` injects) followed by the option's tokens, unembedding only those positions.
+    """
     if len(prompts) != len(options):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} option lists")
+    device = model.cfg.device
+    hooked = HookedBackend(model)
     out: list[list[float]] = []
     for prompt, opts in zip(prompts, options):
         p = encode(model, [prompt])[0]
         conts = [answer_ids(model, prompt, o) for o in opts]
-        seqs = [p + c[:-1] for c in conts]  # the last option token is predicted, never input
-        tokens, mask, _ = pad_right(seqs, pad_id(model), model.cfg.device)
-        last = torch.full((len(seqs),), len(p) - 1, device=model.cfg.device)
-        at_last = prefill(last) if prefill else []
-        logits = model.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[*hooks, *at_last])
-        logp = logits.float().log_softmax(-1)  # (option, pos, d_vocab)
-        sums = []
-        for j, c in enumerate(conts):
-            pos = torch.arange(len(p) - 1, len(p) - 1 + len(c), device=logp.device)
-            sums.append(float(logp[j, pos, torch.tensor(c, device=logp.device)].sum()))
-        out.append(sums)
+        check_context(model, [len(p) + max(len(c) for c in conts) - 1])
+        spans = [[p[-1], *c[:-1]] for c in conts]  # the last option token is predicted, never input
+        tokens, _, _ = pad_right(spans, pad_id(model), device)  # pads come after every position read
+        rows = len(spans)
+        cache = None
+        if len(p) > 1:
+            with model.hooks(fwd_hooks=list(hooks)):
+                cache = hooked.frozen_cache(hooked.prefix(torch.tensor([p[:-1]], device=device)), rows)
+        at_last = prefill(torch.zeros(rows, dtype=torch.long, device=device)) if prefill else []
+        positions = torch.arange(tokens.shape[1], device=device).expand(rows, -1)
+        logits = logits_at(
+            model,
+            tokens,
+            positions,
+            hooks=[*hooks, *at_last],
+            attention_mask=torch.ones_like(tokens),
+            past_kv_cache=cache,
+        )
+        logp = logits.float().log_softmax(-1)  # (option, span, d_vocab)
+        out.append(
+            [
+                float(logp[j, torch.arange(len(c), device=device), torch.tensor(c, device=device)].sum())
+                for j, c in enumerate(conts)
+            ]
+        )
     return out
 
 

@@ -95,6 +95,26 @@ def test_option_logprobs_are_summed_teacher_forced_logprobs(model):
         assert g == pytest.approx([_manual(model, p, o, injection_hooks(model, t, alpha, pos)) for o in opts], abs=1e-4)
 
 
+def test_option_logprobs_with_hooks_at_every_position(model):
+    """Persistent hooks (LoRA, I2CL, (IA)3 act at every position) shape the cached prompt and the options alike."""
+    prompts = ["Q: ab\nA:", "Q: c\nA:"]
+    options = [["(A)", "(B)", "ba"], ["7", "c c"]]
+    g = torch.Generator().manual_seed(1)
+    scale = 1 + 0.5 * torch.rand(model.cfg.d_head, generator=g)
+    shift = 0.5 * torch.randn(model.cfg.d_model, generator=g)
+    hooks = [
+        ("blocks.0.attn.hook_v", lambda v, hook: v * scale),  # cached with the prompt's keys and values
+        ("blocks.1.hook_resid_pre", lambda r, hook: r + shift),
+    ]
+    want = [[_manual(model, p, o, hooks) for o in opts] for p, opts in zip(prompts, options)]
+    got = option_logprobs(model, prompts, options, hooks=hooks)
+    with model.hooks(fwd_hooks=hooks):  # attached to the model, as score_method attaches a method's
+        attached = option_logprobs(model, prompts, options)
+    for g_, a, w, plain in zip(got, attached, want, option_logprobs(model, prompts, options)):
+        assert g_ == pytest.approx(w, abs=1e-4) and a == pytest.approx(w, abs=1e-4)
+        assert g_ != pytest.approx(plain, abs=1e-2)  # the hooks change the scores
+
+
 def test_option_accuracy_counts_ties_as_wrong():
     assert option_accuracy([[-1.0, -2.0], [-3.0, -1.0], [-1.0, -1.0]], [0, 0, 0]) == pytest.approx(1 / 3)
 
