@@ -11,25 +11,17 @@ listed method finished, beside the paper's BBH column (Llama-3.1-8B, exact match
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 from pathlib import Path
+
+from sequence_table import load  # this folder's script: the rows of a bench folder, seed 0
 
 from site_lens import bench
 
 METHODS = ["zero_shot", "icl", "site_opt", "i2cl_opt", "lora_opt"]
 NAMES = {"zero_shot": "zero-shot", "icl": "ICL", "site_opt": "SITE", "i2cl_opt": "I2CL", "lora_opt": "LoRA"}
 PAPER = {"icl": 47.17, "site_opt": 58.04, "i2cl_opt": 50.60, "lora_opt": 60.39}  # Llama-3.1-8B, BBH exact %
-
-
-def load(folder: Path) -> dict[tuple[str, str], dict]:
-    if (folder / bench.ROWS_DIR).is_dir():
-        rows = bench.collect_rows([folder])
-    else:
-        with open(folder / "rows.csv") as f:
-            rows = list(csv.DictReader(f))
-    return {(r["task"], r["method"]): r for r in rows if str(r["seed"]) == "0"}
 
 
 def pct(x) -> str:
