@@ -34,7 +34,7 @@ from site_lens.tasks import zero_shot_prompts
 prompts = sl.tasks.sample_icl_prompts(task.train, 5, 10, __import__("random").Random(0))
 t = sl.build_task_embedding(model, [p for p, _ in prompts])
 try:  # the backend seam
-    from site_lens.backend import PromptCache
+    from site_lens.prompt_cache import PromptCache
     from site_lens.tokens import make_examples
     ex = make_examples(model, zero_shot_prompts(task.train[: reps + 5]))
     tr = sl.AlphaTrainer(model, t)

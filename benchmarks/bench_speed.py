@@ -35,11 +35,12 @@ import torch
 
 import site_lens as sl
 from site_lens import kernels
-from site_lens.backend import HookedBackend, PackedBackend, PromptCache, use_backend
+from site_lens.backend import HookedBackend, PackedBackend, use_backend
 from site_lens.cie import causal_indirect_effect
 from site_lens.gate import injection_hooks
 from site_lens.inject import generate_greedy
 from site_lens.methods.site import embedding_prompts
+from site_lens.prompt_cache import PromptCache
 from site_lens.selection import AlphaTrainer
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
 from site_lens.tokens import encode, make_examples

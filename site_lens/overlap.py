@@ -117,7 +117,7 @@ def transfer_matrix(
     names: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """First-token accuracy on task B (columns) with B's embedding t and task A's alpha (rows)."""
-    from .backend import PromptCache
+    from .prompt_cache import PromptCache
     from .tasks import zero_shot_prompts
     from .tokens import make_examples
 

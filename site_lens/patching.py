@@ -43,8 +43,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import PromptCache
 from .embeddings import last_token_z
+from .prompt_cache import PromptCache
 from .tasks import Task, sample_icl_prompts, zero_shot_prompts
 from .tokens import Example, answer_ids, encode
 

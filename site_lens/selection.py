@@ -9,7 +9,7 @@ answer, ``sequence.py``), validating every
 
 Fast path (default): the injection only changes the last prompt token, so every
 earlier position's keys and values do not depend on alpha. They are computed
-once per prompt (``backend.PromptCache``) and each step runs only the last
+once per prompt (``prompt_cache.PromptCache``) and each step runs only the last
 token (with the teacher-forced objectives, the last token and the answer
 tokens: ``sequence.SequenceCache``) against them, on the model's backend (packed weights where the model
 allows, the hooked model otherwise; ``SelectionConfig.backend``). The naive
@@ -27,9 +27,10 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import Backend, PromptCache, backend_for
+from .backend import Backend, backend_for
 from .config import TEACHER_FORCED, SelectionConfig
 from .gate import AlphaGate
+from .prompt_cache import PromptCache
 from .sequence import SequenceCache, sequence_loss
 from .tokens import Example
 from .training import TrainHistory, first_token_loss, frozen, schedule, train_loop

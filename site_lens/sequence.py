@@ -42,9 +42,10 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import Backend, PromptCache, logits_at
+from .backend import Backend, logits_at
 from .config import OBJECTIVES
 from .gate import HookFactory, Hooks
+from .prompt_cache import PromptCache
 from .tasks import Task, answer_sep, zero_shot_prompts
 from .tokens import GRAD_CELLS, Example, encode, fit_batches, make_examples, newline_ids, pad_id, pad_right
 
@@ -162,7 +163,7 @@ def sequence_loss(
 class SequenceCache(PromptCache):
     """Each prompt's prefix computed once; ``loss`` runs its last token and answer tokens against it.
 
-    The prefixes are ``backend.PromptCache``'s (grouped by length, one forward per group), on
+    The prefixes are ``prompt_cache.PromptCache``'s (grouped by length, one forward per group), on
     ``backend`` (``backend_for(model)`` by default: the packed engine where the model allows,
     so hooks attached to the model later do not fire; pass ``HookedBackend(model)`` for them); ``loss`` runs each group's rows together (their chunks right-padded;
     causal attention keeps the padding out of every real position), so validating over many

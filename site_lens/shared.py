@@ -21,9 +21,10 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from .backend import PromptCache, backend_for
+from .backend import backend_for
 from .config import ConfigError, SelectionConfig
 from .gate import AlphaGate
+from .prompt_cache import PromptCache
 from .tasks import Task, zero_shot_prompts
 from .tokens import make_examples
 from .training import TrainHistory, frozen, schedule, train_loop

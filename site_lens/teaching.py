@@ -164,8 +164,8 @@ def _ref_site_loss(model, theta: Tensor, t: Tensor, tokens: Tensor, target: int)
 
 def _ref_train_theta(model, t: Tensor, examples: Sequence, plan: Sequence[Sequence[int]], lr: float = 0.2):
     """``training.train_loop`` on an ``AlphaGate`` with the fast (cached-prefix) loss, following ``plan``."""
-    from .backend import PromptCache
     from .gate import AlphaGate
+    from .prompt_cache import PromptCache
     from .training import frozen, train_loop
 
     gate = AlphaGate(model.cfg.n_layers, model.cfg.n_heads)

@@ -1,8 +1,9 @@
 import torch
 
-from site_lens.backend import PromptCache, last_logits, use_backend
+from site_lens.backend import last_logits, use_backend
 from site_lens.cie import alpha_cie_correlation, causal_indirect_effect, shuffled_label_prompts
 from site_lens.embeddings import build_task_embedding
+from site_lens.prompt_cache import PromptCache
 from site_lens.tasks import load_task
 from site_lens.tokens import Example, encode, pad_id, pad_right
 

@@ -46,7 +46,8 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
 def _fast_and_naive(model):
     """(naive loss, naive theta-grad, {path: (fast loss, fast theta-grad)}) on three real prompts, random theta."""
     from site_lens import build_task_embedding
-    from site_lens.backend import PromptCache, backend_for
+    from site_lens.backend import backend_for
+    from site_lens.prompt_cache import PromptCache
     from site_lens.selection import AlphaTrainer
     from site_lens.tokens import make_examples
 

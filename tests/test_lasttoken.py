@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from site_lens import kernels
-from site_lens.backend import PackedBackend, PromptCache, backend_for, last_logits, logits_at, use_backend
+from site_lens.backend import PackedBackend, backend_for, last_logits, logits_at, use_backend
 from site_lens.config import SelectionConfig
 from site_lens.gate import injection_hooks
 from site_lens.lasttoken import LastToken, unsupported
+from site_lens.prompt_cache import PromptCache
 from site_lens.selection import AlphaTrainer
 from site_lens.tokens import make_examples
 

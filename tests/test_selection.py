@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from site_lens.backend import PromptCache
 from site_lens.config import SelectionConfig
+from site_lens.prompt_cache import PromptCache
 from site_lens.selection import AlphaTrainer
 from site_lens.tokens import make_examples
 

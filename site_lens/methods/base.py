@@ -35,13 +35,13 @@ import torch
 from torch import Tensor, nn
 from transformer_lens import HookedTransformer
 
-from ..backend import PromptCache
 from ..choice import option_accuracy, option_logprobs
 from ..config import OBJECTIVES, TEACHER_FORCED, ConfigError, EmbeddingConfig, EvalConfig, _Config
 from ..embeddings import build_task_embedding
 from ..gate import HookFactory, Hooks
 from ..inject import generate_greedy
 from ..metrics import score
+from ..prompt_cache import PromptCache
 from ..sequence import objective_examples, sequence_loss
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
@@ -289,7 +289,7 @@ def choose_layer(
 
     ``edit(layer)`` maps the token's (batch, d_model) residual, as a hook on
     ``blocks.{layer}.hook_resid_pre`` at the last prompt position would; every layer is scored
-    against cached prefixes, one token per prompt (``backend.PromptCache``).
+    against cached prefixes, one token per prompt (``prompt_cache.PromptCache``).
     """
     losses = []
     with torch.inference_mode():

@@ -10,7 +10,7 @@ the variance. At inference the heads with p > 0.5 are replaced (the
 deterministic mode of the policy). The replacement is SITE's gate
 (``gate.AlphaGate.mix``) with alpha in {0, 1}; rewards are computed like
 SITE's training loss, on the last prompt token against cached prefixes
-(``backend.PromptCache``).
+(``prompt_cache.PromptCache``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from ..backend import PromptCache
 from ..config import ConfigError, _Config
 from ..gate import HookFactory, injection_hooks
+from ..prompt_cache import PromptCache
 from ..tasks import Task
 from .base import Method, TaskContext, method_seed, train_valid_examples
 
