@@ -43,7 +43,8 @@ def table(folder: Path, data: Path | None) -> str:
     tasks = sorted({t for t, _ in rows})
     done = [t for t in tasks if all((t, m) in rows for m in METHODS)]
     head = "| task | chance % | " + " | ".join(NAMES[m] for m in METHODS) + " |"
-    lines = [f"#### {model}: {len(done)} tasks with all {len(METHODS)} methods", ""]
+    n_done = f"{len(done)} task{'' if len(done) == 1 else 's'}"
+    lines = [f"#### {model}: {n_done} with all {len(METHODS)} methods", ""]
     lines += [
         f"Exact match % / option accuracy % (first {spec['max_test']} test items, seed 0; ICL {shots}-shot):",
         "",
@@ -62,7 +63,7 @@ def table(folder: Path, data: Path | None) -> str:
         for m in METHODS:
             ex = statistics.mean(float(rows[(t, m)]["exact_match"]) for t in done)
             means.append(f"{100 * ex:.1f}")
-        lines.append(f"| mean exact, {len(done)} tasks | | " + " | ".join(means) + " |")
+        lines.append(f"| mean exact, {n_done} | | " + " | ".join(means) + " |")
         lines.append("| paper (Llama-3.1-8B, BBH) | | - | " + " | ".join(f"{PAPER[m]:.1f}" for m in METHODS[1:]) + " |")
     return "\n".join(lines) + "\n"
 
