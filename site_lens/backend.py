@@ -315,7 +315,7 @@ def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
 def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
     """The model's backend: ``kind`` ('auto', 'hooked', 'packed'); None or 'auto' defer to ``use_backend``.
 
-    A packed backend is a snapshot of the weights it was packed from (so is a ``PromptCache``
+    A packed backend is a snapshot of the weights it was packed from (so is a ``prompt_cache.PromptCache``
     built on it): once any parameter has been replaced, moved or written in place, the next
     call packs (and probes) afresh. Writes through ``.data`` are not seen: call
     ``forget(model)`` after them.

@@ -1,8 +1,8 @@
 """Many prompts against their cached prefixes: ``PromptCache``.
 
 Every prompt's prefix (all tokens but the last) runs once through a backend
-(``backend.backend_for``), grouped by length; each training step, CIE or
-patching run then costs one token per prompt. ``sequence.SequenceCache``
+(``backend.backend_for``), grouped by length; each training step, MTV reward, FV/TV layer
+choice, patching or transfer run then costs one token per prompt. ``sequence.SequenceCache``
 extends it to answer spans.
 """
 
