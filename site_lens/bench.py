@@ -31,14 +31,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_lens import HookedTransformer
-
 from .bench_report import METRICS, OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 from .config import ConfigError, EvalConfig, SiteConfig
 from .io import write_json_atomic, write_text_atomic
 from .locks import Locks, owner_tag, temp_is_orphan
 from .methods import Method, TaskContext, configured, score_method
 from .models import model_identity
+from .models.engines import Model
 from .tasks import TaskError, builtin_tasks, category, load_task
 
 log = logging.getLogger(__name__)
@@ -211,7 +210,7 @@ def collect_rows(dirs: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def run_row(
-    model: HookedTransformer, method: Method, task, seed: int, ctx: TaskContext, eval_cfg: EvalConfig
+    model: Model, method: Method, task, seed: int, ctx: TaskContext, eval_cfg: EvalConfig
 ) -> dict[str, Any]:
     """Fit one method on one task and score it on test."""
     t0 = time.perf_counter()
@@ -236,7 +235,7 @@ def run_row(
 
 
 def run_bench(
-    model: HookedTransformer,
+    model: Model,
     tasks: Sequence[str],
     methods: Sequence[str],
     seeds: Sequence[int],

@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformer_lens import HookedTransformer
 
 from .backend import HookedBackend, logits_at
 from .gate import HookFactory, Hooks
+from .models.engines import Model
 from .tokens import answer_ids, check_context, encode, pad_id, pad_right
 
 
 @torch.inference_mode()
 def option_logprobs(
-    model: HookedTransformer,
+    model: Model,
     prompts: Sequence[str],
     options: Sequence[Sequence[str]],
     prefill: HookFactory | None = None,

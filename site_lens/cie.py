@@ -26,9 +26,9 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .backend import backend_for
+from .models.engines import Model
 from .stats import pearson, spearman
 from .tasks import Pair, Task, build_prompt, check_enough
 from .tokens import answer_ids, check_context, encode
@@ -67,7 +67,7 @@ def _prompts_and_targets(model, task_or_prompts, n_prompts, n_shots, seed) -> tu
 
 @torch.inference_mode()
 def causal_indirect_effect(
-    model: HookedTransformer,
+    model: Model,
     task_or_prompts: Task | Sequence[tuple[str, str]],
     t: Float[Tensor, "layer head_index d_head"],
     *,
@@ -79,7 +79,7 @@ def causal_indirect_effect(
     """Average causal indirect effect of every head (FV, Todd et al. 2024, eq. 3-4).
 
     Args:
-        model: the frozen HookedTransformer.
+        model: the frozen model (HookedTransformer or TransformerBridge).
         task_or_prompts: a ``Task`` (``n_prompts`` shuffled-label ``n_shots``-shot
             prompts are built from it, queries from its valid split; see
             ``shuffled_label_prompts``) or ready (prompt, answer) string pairs,

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    def model_args(p: argparse.ArgumentParser, default: str | None = "smollm2-135m") -> None:
+    def model_args(p: argparse.ArgumentParser, default: str | None = "smollm2-135m", engine: bool = True) -> None:
         p.add_argument(
             "--model",
             default=default,
@@ -163,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, mps, ...")
         p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+        if not engine:
+            return
+        p.add_argument(
+            "--engine",
+            default=None,
+            choices=["hooked", "bridge"],
+            help="hooked (HookedTransformer; the default on TransformerLens 3.x) or bridge (TransformerBridge; "
+            "the only engine on TransformerLens 4)",
+        )
 
     def data_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -210,13 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="inputs per generation batch (default 64)")
     p.add_argument(
         "--engine",
-        choices=("transformer-lens", "hf"),
+        choices=("transformer-lens", "hooked", "bridge", "hf"),
         default="transformer-lens",
-        help="generate with site-lens's TransformerLens model (default) or with a plain transformers model "
-        "and its own generate (site_lens.hf)",
+        help="generate with site-lens's TransformerLens model (default: its default engine; or hooked, bridge) "
+        "or with a plain transformers model and its own generate (site_lens.models.hf)",
     )
     p.add_argument("--device-map", default=None, help="with --engine hf: transformers' device_map, e.g. auto")
-    model_args(p, default=None)
+    model_args(p, default=None, engine=False)
 
     p = add("tasks", cmd_tasks, "list the built-in tasks, or the tasks under --data (folders and .json lists)")
     data_arg(p)
@@ -331,8 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--config", default=None, help="dataset configuration name")
     q.add_argument("--out", required=True, help="folder for the task folder(s)")
     q.add_argument("--task-name", default=None, help="task folder name (default: from the dataset name)")
-    q.add_argument("--input", required=True, help="input field, or a template over fields such as '{premise} {hypothesis}'")
-    q.add_argument("--output", required=True, help="answer field: a string, a ClassLabel index, or with --options an index/letter")
+    q.add_argument(
+        "--input", required=True, help="input field, or a template over fields such as '{premise} {hypothesis}'"
+    )
+    q.add_argument(
+        "--output", required=True, help="answer field: a string, a ClassLabel index, or with --options an index/letter"
+    )
     q.add_argument("--options", default=None, help="field holding each row's list of options (lettered (A), (B), ...)")
     q.add_argument("--label-names", type=comma_list, default=None, help="names for an integer label field, e.g. yes,no")
     q.add_argument("--group-by", default=None, help="one task per value of this field (e.g. MMLU-Pro's category)")

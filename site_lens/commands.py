@@ -129,11 +129,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = site_config_from_args(args)
     task = load_task(args.task, data_dir=args.data)  # bad task input fails before the model loads
     _check_task(task, cfg)
-    resolve_model_name(args.model)  # an unknown model fails before anything is written
+    resolve_model_name(args.model, getattr(args, "engine", None))  # an unknown model fails before anything is written
     out = Path(args.out) if args.out else Path("runs") / args.model / task.name
     check_writable(out)
     t0 = time.perf_counter()
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
     res = run_one(model, task, cfg, out, time.perf_counter() - t0)
     print(_table(_rows(res)))
     print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["seconds"].items()))
@@ -160,7 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_writable(out)
     check_writable(fig_dir)
     t0 = time.perf_counter()
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
     print(f"loaded {args.model} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     rows, runs = [], {}
     for task in tasks:
@@ -195,7 +195,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .pipeline import predict
     from .tasks import TaskError, format_query
 
-    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None)  # bad values fail now
+    cfg = EvalConfig(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_test=None
+    )  # bad values fail now
     if args.engine == "hf" and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         raise TaskError(f"unknown dtype '{args.dtype}' (try float32, bfloat16, float16)")
     adapter = load_adapter(args.adapter)
@@ -219,17 +221,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
     name = args.model or adapter.model.get("name")
     prompts = [format_query(x) for x in inputs]
     if args.engine == "hf":  # transformers' own generate, the adapter injected by site_lens.hf
-        from . import hf
+        from .models import hf
 
         model, tok = hf.load_hf_model(name, dtype=getattr(torch, args.dtype), device_map=args.device_map or args.device)
         if not args.zero_shot:
             adapter.check_model(hf.hf_identity(model))
         gens = hf.generate(
-            model, tok, prompts, None if args.zero_shot else adapter, max_new_tokens=cfg.max_new_tokens,
+            model,
+            tok,
+            prompts,
+            None if args.zero_shot else adapter,
+            max_new_tokens=cfg.max_new_tokens,
             batch_size=cfg.batch_size,
         )
     else:
-        model = load_model(name, device=args.device, dtype=args.dtype)
+        engine = None if args.engine == "transformer-lens" else args.engine
+        model = load_model(name, device=args.device, dtype=args.dtype, engine=engine)
         adapter.check_model(model_identity(model))
         gens, _ = predict(model, prompts, None if args.zero_shot else adapter, cfg)
     lines = [g.strip().split("\n")[0].strip() for g in gens]
@@ -266,7 +273,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = site_config_from_args(args)  # a bad config value fails before the model loads
     from .methods import OPTION_METHODS, SEQUENCE_METHODS
 
-    methods = bench.resolve(args.methods, list(METHODS), "method", [m for m in METHODS if m not in (*SEQUENCE_METHODS, *OPTION_METHODS)])
+    methods = bench.resolve(
+        args.methods, list(METHODS), "method", [m for m in METHODS if m not in (*SEQUENCE_METHODS, *OPTION_METHODS)]
+    )
     part = args.shard or bench.slurm_shard()
     if part and not args.shard:
         print(f"Slurm job array: shard {part}", flush=True)
@@ -274,7 +283,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     seeds = args.seeds or [cfg.seed]
     out = Path(args.out) if args.out else Path("results") / args.model
     check_writable(out)
-    model = load_model(args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices)
+    model = load_model(
+        args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices, engine=getattr(args, "engine", None)
+    )
 
     def report(r: dict[str, Any]) -> None:
         print(

@@ -15,10 +15,10 @@ from functools import partial
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
 from .gate import z_names
+from .models.engines import Model
 from .tokens import check_context, encode, fit_batches, pad_id, pad_right
 
 
@@ -27,15 +27,16 @@ def capture_last_hook(
     hook: HookPoint,
     store: dict[str, Tensor],
     last: Int[Tensor, " batch"],
+    key: str,
 ) -> None:
-    """Store z at each row's last real token under the hook's name."""
+    """Store z at each row's last real token under ``key`` (the name asked for: a bridge reports its alias's target)."""
     rows = torch.arange(z.shape[0], device=z.device)
-    store[hook.name] = z[rows, last].detach()  # (batch, head, d_head)
+    store[key] = z[rows, last].detach()  # (batch, head, d_head)
 
 
 @torch.inference_mode()
 def last_token_z(
-    model: HookedTransformer, token_lists: Sequence[Sequence[int]], batch_size: int = 10
+    model: Model, token_lists: Sequence[Sequence[int]], batch_size: int = 10
 ) -> Float[Tensor, "prompt layer head_index d_head"]:
     """hook_z of every layer and head at each prompt's last token."""
     check_context(model, [len(t) for t in token_lists])
@@ -45,7 +46,7 @@ def last_token_z(
     for idx in fit_batches(order, [len(t) for t in token_lists], batch_size, model.cfg.n_heads):
         tokens, _, last = pad_right([token_lists[i] for i in idx], pad_id(model), model.cfg.device)
         store: dict[str, Tensor] = {}
-        hooks = [(n, partial(capture_last_hook, store=store, last=last)) for n in names]
+        hooks = [(n, partial(capture_last_hook, store=store, last=last, key=n)) for n in names]
         with model.hooks(fwd_hooks=hooks):
             model(tokens, stop_at_layer=model.cfg.n_layers)
         out[idx] = torch.stack([store[n] for n in names], dim=1).float().cpu()  # (batch, layer, head, d_head)
@@ -53,7 +54,7 @@ def last_token_z(
 
 
 def build_task_embedding(
-    model: HookedTransformer, prompts: Sequence[str] | Sequence[Sequence[int]], batch_size: int = 10
+    model: Model, prompts: Sequence[str] | Sequence[Sequence[int]], batch_size: int = 10
 ) -> Float[Tensor, "layer head_index d_head"]:
     """Mean over prompts of hook_z at the last prompt token, for every layer and head.
 

@@ -23,15 +23,16 @@ from functools import partial
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
+
+from .models.engines import Model
 
 Hooks = list[tuple[str, Callable]]
 HookFactory = Callable[[Tensor], Hooks]  # last-token index per row -> hooks for the prefill
 
 
-def z_names(model: HookedTransformer) -> list[str]:
+def z_names(model: Model) -> list[str]:
     """The exact hook names of every layer's per-head attention output."""
     return [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
 
@@ -57,7 +58,7 @@ class AlphaGate(nn.Module):
         """Every head's z mixed toward t by its alpha."""
         return self.mix(z, t.to(z.dtype), self.alpha().to(z.dtype)[..., None])
 
-    def hooks(self, model: HookedTransformer, t: Float[Tensor, "layer head_index d_head"], pos) -> Hooks:
+    def hooks(self, model: Model, t: Float[Tensor, "layer head_index d_head"], pos) -> Hooks:
         """Injection hooks for one forward pass (differentiable in theta)."""
         return injection_hooks(model, t, self.alpha(), pos)
 
@@ -161,7 +162,7 @@ def gate_hook(
 
 
 def injection_hooks(
-    model: HookedTransformer,
+    model: Model,
     t: Float[Tensor, "*trows layer head_index d_head"],
     alpha: Float[Tensor, "*arows layer head_index"],
     pos: Int[Tensor, " batch"] | int = -1,

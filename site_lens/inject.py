@@ -17,17 +17,17 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from .backend import PackedBackend, backend_for, last_logits
 from .gate import HookFactory, injection_hooks
+from .models.engines import Model
 from .tokens import check_context, fit_batches, generation_stop_ids, pad_id, pad_right
 
 
 @torch.inference_mode()
 def generate_greedy(
-    model: HookedTransformer,
+    model: Model,
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int = 20,
@@ -58,7 +58,7 @@ def generate_greedy(
     lengths = [len(p) + max_new_tokens for p in prompts]  # the KV cache grows while decoding
     for idx in fit_batches(order, lengths, batch_size, model.cfg.n_heads):
         batch = [prompts[i] for i in idx]
-        if use_cache:
+        if use_cache and backend_for(model, backend).kv_cache:
             gen, logits0 = _generate_cached(model, batch, max_new_tokens, prefill_hooks, stop, backend)
         else:
             gen, logits0 = _generate_uncached(model, batch, max_new_tokens, prefill_hooks, stop)
@@ -121,7 +121,7 @@ def _generate_uncached(model, batch, max_new, prefill_hooks, stop):
 
 @torch.inference_mode()
 def generate_under_gates(
-    model: HookedTransformer,
+    model: Model,
     prompts: Sequence[Sequence[int]],
     t: Float[Tensor, "layer head_index d_head"],
     alphas: Sequence[Float[Tensor, "layer head_index"]],

@@ -28,8 +28,9 @@ from .locks import owner_tag
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
 FORMAT = "site-lens-adapter/1"
-# identity keys an adapter must share with the model it is loaded onto
-MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing", "source_sha256")
+# identity keys an adapter must share with the model it is loaded onto; then its name, and the
+# source digest (GGUF file) where both record one, else the weights digest (``identity.weights_digest``)
+MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -78,16 +79,30 @@ class Adapter:
         return injection_hooks(model, self.t.to(device=dev, dtype=dt), self.alpha.to(device=dev, dtype=dt), pos)
 
     def check_model(self, identity: dict[str, Any]) -> None:
-        """Raise AdapterError unless ``identity`` (of a loaded model) matches this adapter's."""
+        """Raise AdapterError unless ``identity`` (of a loaded model) matches this adapter's.
+
+        Shape and processing must be equal; so must the name, and the digest: the GGUF source's
+        where both record one, else the weights' (adapters saved before it existed skip it).
+        """
+        mine_name, their_name = self.model.get("name"), identity.get("name")
+
+        def refuse(what: str, mine: Any, theirs: Any) -> AdapterError:
+            return AdapterError(
+                f"adapter was made for model '{mine_name}' with {what}={mine}, "
+                f"but this model '{their_name}' has {what}={theirs}"
+            )
+
         for k in MATCH_KEYS:
+            if self.model.get(k) != identity.get(k):
+                raise refuse(k, self.model.get(k), identity.get(k))
+        if mine_name != their_name:
+            raise AdapterError(f"adapter was made for model '{mine_name}', not '{their_name}'")
+        for k in ("source_sha256", "weights_sha256"):
             mine, theirs = self.model.get(k), identity.get(k)
-            if k == "source_sha256" and (mine is None or theirs is None):
-                continue
-            if mine != theirs:
-                raise AdapterError(
-                    f"adapter was made for model '{self.model.get('name')}' with {k}={mine}, "
-                    f"but this model '{identity.get('name')}' has {k}={theirs}"
-                )
+            if mine is not None and theirs is not None:
+                if mine != theirs:
+                    raise refuse(k, mine[:16], theirs[:16])
+                return
 
 
 def save_adapter(adapter: Adapter, path: str | Path) -> Path:
@@ -99,7 +114,10 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
     try:
         save_file(
-            {"t": adapter.t.detach().float().cpu().contiguous(), "theta": adapter.theta.detach().float().cpu().contiguous()},
+            {
+                "t": adapter.t.detach().float().cpu().contiguous(),
+                "theta": adapter.theta.detach().float().cpu().contiguous(),
+            },
             str(tmp / WEIGHTS_FILE),
         )
         digest = hashlib.sha256((tmp / WEIGHTS_FILE).read_bytes()).hexdigest()  # a few kB: free

@@ -46,16 +46,16 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from .gate import AlphaGate
 from .kernels import available as kernels_available
 from .kernels import rms_norm, row_matmul, rows_matmul
+from .models.engines import Model
 
 
-def unsupported(model: HookedTransformer) -> str | None:
+def unsupported(model: Model) -> str | None:
     """Why ``LastToken`` cannot run this model (None when it can)."""
     c = model.cfg
 
@@ -93,27 +93,41 @@ def unsupported(model: HookedTransformer) -> str | None:
 
 @dataclass
 class Prefix:
-    """Frozen keys (rotated) and values of a batch of prompt prefixes, one pair per layer."""
+    """Frozen keys (rotated) and values of a batch of prompt prefixes, one pair per layer.
+
+    The bridge engine keeps the prefix tokens instead (``tokens``; ``keys`` and ``values`` empty)
+    and runs them again with the last token.
+    """
 
     keys: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
     values: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
+    tokens: Tensor | None = None  # (batch, pos): the bridge's prefix
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[2]
+        return self.keys[0].shape[2] if self.keys else self.tokens.shape[1]
+
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[0] if self.keys else self.tokens.shape[0]
 
     def select(self, rows: Int[Tensor, " rows"]) -> Prefix:
+        toks = None if self.tokens is None else self.tokens.index_select(0, rows.to(self.tokens.device))
         if rows.numel() == 1:  # a view, no copy (batch-1 training steps)
             r = int(rows)
-            return Prefix([k[r : r + 1] for k in self.keys], [v[r : r + 1] for v in self.values])
-        return Prefix([k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values])
+            return Prefix([k[r : r + 1] for k in self.keys], [v[r : r + 1] for v in self.values], toks)
+        return Prefix(
+            [k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values], toks
+        )
 
     @staticmethod
     def cat(parts: list[Prefix]) -> Prefix:
         n = len(parts[0].keys)
+        toks = None if parts[0].tokens is None else torch.cat([p.tokens for p in parts])
         return Prefix(
             [torch.cat([p.keys[i] for p in parts]) for i in range(n)],
             [torch.cat([p.values[i] for p in parts]) for i in range(n)],
+            toks,
         )
 
 
@@ -141,7 +155,7 @@ class DecodeCache:
 class LastToken:
     """One-token (and few-token) forwards of a supported model, SITE's gate at the first token (see module docstring)."""
 
-    def __init__(self, model: HookedTransformer):
+    def __init__(self, model: Model):
         why = unsupported(model)
         if why is not None:
             raise ValueError(f"LastToken cannot run this model: {why}")

@@ -30,10 +30,10 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .inject import generate_under_gates
 from .metrics import exact_match, settled_match
+from .models.engines import Model
 from .overlap import jaccard
 from .stats import wilson_interval
 from .tasks import Task, zero_shot_prompts
@@ -102,14 +102,14 @@ def sparse_sets(fits, thresholds: Sequence[float] = (0.5,), soft: bool = True) -
     return out
 
 
-def answer_budget(model: HookedTransformer, pairs: Sequence[tuple[str, str]], extra: int = 3) -> int:
+def answer_budget(model: Model, pairs: Sequence[tuple[str, str]], extra: int = 3) -> int:
     """Tokens to generate so that every answer fits: the longest answer's tokens (in context) plus ``extra``."""
     return max(len(answer_ids(model, p, a)) for p, a in zero_shot_prompts(pairs)) + extra
 
 
 @torch.inference_mode()
 def score_head_sets(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     t: Float[Tensor, "layer head_index d_head"],
     sets: Sequence[HeadSet],

@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from .models.engines import Model
 from .stats import pearson, spearman
 
 Alphas = Mapping[str, Float[Tensor, "layer head_index"]]
@@ -109,7 +109,7 @@ def alpha_shares(alpha: Float[Tensor, "layer head_index"], low: float = 0.1, hig
 
 @torch.inference_mode()
 def transfer_matrix(
-    model: HookedTransformer,
+    model: Model,
     tasks: Mapping[str, Task],  # noqa: F821
     adapters: Mapping[str, Adapter],  # noqa: F821
     split: str = "test",

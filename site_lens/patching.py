@@ -41,9 +41,9 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .embeddings import last_token_z
+from .models.engines import Model
 from .prompt_cache import PromptCache
 from .tasks import Task, sample_icl_prompts, zero_shot_prompts
 from .tokens import Example, answer_ids, encode
@@ -105,7 +105,7 @@ class PatchData:
 
 
 def patch_data(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     split: str = "test",
     max_items: int = 50,
@@ -130,7 +130,7 @@ def patch_data(
 
 @torch.inference_mode()
 def generic_head_patch(
-    model: HookedTransformer,
+    model: Model,
     data: PatchData,
     source: Float[Tensor, "layer head_index d_head"] | Float[Tensor, "prompt layer head_index d_head"],
     masks: Sequence[HeadMask],
@@ -158,14 +158,14 @@ def generic_head_patch(
     return acc / n, prob / n
 
 
-def patch_cache(model: HookedTransformer, data: PatchData) -> PromptCache:
+def patch_cache(model: Model, data: PatchData) -> PromptCache:
     """The prompts' cached prefixes, for repeated last-token runs."""
     return PromptCache(model, [Example(list(t), int(y)) for t, y in zip(data.tokens, data.targets)])
 
 
 @torch.inference_mode()
 def site_reference(
-    model: HookedTransformer,
+    model: Model,
     data: PatchData,
     t: Float[Tensor, "layer head_index d_head"],
     alpha: Float[Tensor, "layer head_index"],
@@ -228,7 +228,7 @@ def patch_random_k(
 
 
 def head_patching_sweep(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     adapter,
     ks: Sequence[int] | None = None,

@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer
 
 from .bench import run_row
 from .config import EvalConfig, SiteConfig
 from .io import Adapter
 from .methods import ICL, Method, Site, TaskContext, ZeroShot, configured, score_method
 from .models import model_identity
+from .models.engines import Model
 from .tasks import Task, category
 
 RUN_METHODS = ("zero_shot", "icl", "site")
@@ -28,7 +28,7 @@ RESULT_KEYS = ("first_token_acc", "exact_match", "strict_match")
 
 
 def predict(
-    model: HookedTransformer,
+    model: Model,
     prompts: Sequence[str],
     adapter: Adapter | None = None,
     cfg: EvalConfig | None = None,
@@ -39,7 +39,7 @@ def predict(
 
 
 def evaluate(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     method: str,
     adapter: Adapter | None = None,
@@ -60,7 +60,7 @@ def evaluate(
 
 
 def run_task(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     cfg: SiteConfig | None = None,
     methods: Sequence[str] = RUN_METHODS,

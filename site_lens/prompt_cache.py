@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .backend import Backend, ResidEdits, backend_for
 from .lasttoken import Prefix
+from .models.engines import Model
 from .tokens import Example, fit_batches
 
 
@@ -30,7 +30,7 @@ class PromptCache:
     """
 
     def __init__(
-        self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None
+        self, model: Model, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None
     ):
         if any(len(e.tokens) < 2 for e in examples):
             raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")

@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .backend import Backend, backend_for
 from .config import TEACHER_FORCED, SelectionConfig
 from .gate import AlphaGate
+from .models.engines import Model
 from .prompt_cache import PromptCache
 from .sequence import SequenceCache, sequence_loss
 from .tokens import Example
@@ -43,7 +43,7 @@ class AlphaTrainer:
 
     def __init__(
         self,
-        model: HookedTransformer,
+        model: Model,
         t: Float[Tensor, "layer head_index d_head"],
         cfg: SelectionConfig | None = None,
         seed: int = 0,

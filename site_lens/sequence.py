@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .backend import Backend, logits_at
 from .config import OBJECTIVES
 from .gate import HookFactory, Hooks
+from .models.engines import Model
 from .prompt_cache import PromptCache
 from .tasks import Task, answer_sep, zero_shot_prompts
 from .tokens import GRAD_CELLS, Example, encode, fit_batches, make_examples, newline_ids, pad_id, pad_right
@@ -52,7 +52,7 @@ from .tokens import GRAD_CELLS, Example, encode, fit_batches, make_examples, new
 DEMO_END = "\n\n"  # what follows an answer in a demonstration (tasks.format_demo)
 
 
-def answer_sequence(model: HookedTransformer, prompt: str, answer: str) -> list[int]:
+def answer_sequence(model: Model, prompt: str, answer: str) -> list[int]:
     """The answer's tokens and the token that ends it, as they follow ``prompt`` in a demonstration."""
     p = encode(model, [prompt])[0]
     full = encode(model, [prompt + answer_sep(answer) + answer + DEMO_END])[0]
@@ -66,7 +66,7 @@ def answer_sequence(model: HookedTransformer, prompt: str, answer: str) -> list[
     return rest[: cut + 1]
 
 
-def sequence_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str]]) -> list[Example]:
+def sequence_examples(model: Model, prompts: Sequence[tuple[str, str]]) -> list[Example]:
     """(prompt, answer) strings -> Examples whose ``continuation`` holds the answer and its end."""
     out = []
     for (p, a), ids in zip(prompts, encode(model, [p for p, _ in prompts])):
@@ -75,7 +75,7 @@ def sequence_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str
     return out
 
 
-def option_token_sequence(model: HookedTransformer, prompt: str, answer: str, options: Sequence[str]) -> list[int]:
+def option_token_sequence(model: Model, prompt: str, answer: str, options: Sequence[str]) -> list[int]:
     """The answer's tokens in context up to and including the first one where the options' tokens differ."""
     seqs = [answer_sequence(model, prompt, o) for o in options if o != answer]
     gold = answer_sequence(model, prompt, answer)
@@ -86,7 +86,7 @@ def option_token_sequence(model: HookedTransformer, prompt: str, answer: str, op
 
 
 def option_token_examples(
-    model: HookedTransformer, prompts: Sequence[tuple[str, str]], options: Sequence[Sequence[str]]
+    model: Model, prompts: Sequence[tuple[str, str]], options: Sequence[Sequence[str]]
 ) -> list[Example]:
     """Examples scored on the first token where each item's options differ (``scored_from`` marks it)."""
     out = []
@@ -96,7 +96,7 @@ def option_token_examples(
     return out
 
 
-def objective_examples(model: HookedTransformer, task: Task, split: str, objective: str) -> list[Example]:
+def objective_examples(model: Model, task: Task, split: str, objective: str) -> list[Example]:
     """A split's zero-shot prompts as the Examples ``objective`` trains on."""
     prompts = zero_shot_prompts(task.split(split))
     if objective == "sequence":
@@ -123,7 +123,7 @@ def _mean_ce(logits: Tensor, targets: Tensor, lengths: Sequence[int], starts: Se
 
 
 def sequence_loss(
-    model: HookedTransformer,
+    model: Model,
     examples: Sequence[Example],
     prefill: HookFactory | None = None,
     backward: bool = False,
@@ -171,7 +171,7 @@ class SequenceCache(PromptCache):
     """
 
     def __init__(
-        self, model: HookedTransformer, examples: Sequence[Example], batch_size: int = 16, backend: Backend | None = None
+        self, model: Model, examples: Sequence[Example], batch_size: int = 16, backend: Backend | None = None
     ):
         _check(examples)
         super().__init__(model, examples, batch_size, backend=backend)

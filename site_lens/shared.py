@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .backend import backend_for
 from .config import ConfigError, SelectionConfig
 from .gate import AlphaGate
+from .models.engines import Model
 from .prompt_cache import PromptCache
 from .tasks import Task, zero_shot_prompts
 from .tokens import make_examples
@@ -45,7 +45,7 @@ class SharedFit:
 
 
 def fit_shared(
-    model: HookedTransformer,
+    model: Model,
     ts: Mapping[str, Float[Tensor, "layer head_index d_head"]],
     tasks: Mapping[str, Task],
     cfg: SelectionConfig | None = None,

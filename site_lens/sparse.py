@@ -33,13 +33,13 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from .config import ConfigError, SelectionConfig, SiteConfig, SparsityConfig
 from .embeddings import build_task_embedding
 from .gate import AlphaGate, HardConcreteGate
 from .io import Adapter
 from .models import model_identity
+from .models.engines import Model
 from .selection import AlphaTrainer
 from .tasks import Task, zero_shot_prompts
 from .tokens import Example, make_examples
@@ -53,7 +53,7 @@ class SparseTrainer(AlphaTrainer):
 
     def __init__(
         self,
-        model: HookedTransformer,
+        model: Model,
         t: Float[Tensor, "layer head_index d_head"],
         cfg: SelectionConfig | None = None,
         sparsity: SparsityConfig | None = None,
@@ -125,13 +125,13 @@ def hard_concrete_theta(theta: Float[Tensor, "layer head_index"], low: float = -
     return torch.log(s) - torch.log1p(-s)
 
 
-def _train_valid(model: HookedTransformer, task: Task) -> tuple[list[Example], list[Example]]:
+def _train_valid(model: Model, task: Task) -> tuple[list[Example], list[Example]]:
     """First-token examples: sparse SITE trains on the paper's objective only."""
     return make_examples(model, zero_shot_prompts(task.train)), make_examples(model, zero_shot_prompts(task.valid))
 
 
 def fit_sparse(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     sparsity: SparsityConfig | None = None,
     cfg: SiteConfig | None = None,
@@ -178,7 +178,7 @@ def fit_sparse(
 
 
 def sparse_path(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     weights: Sequence[float],
     dense: Adapter,

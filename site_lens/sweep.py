@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from transformer_lens import HookedTransformer
 
 from .cie import causal_indirect_effect
 from .config import K_GRID, SPARSE_WEIGHTS, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
@@ -40,6 +39,7 @@ from .minimal import (
     smallest_k,
     sparse_sets,
 )
+from .models.engines import Model
 from .sparse import SparseFit, sparse_path
 from .tasks import Task, category
 
@@ -61,7 +61,7 @@ class MinimalResult:
 
 
 def minimal_sets(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     seed: int = 0,
     *,
@@ -224,7 +224,7 @@ def load_minimal(folder: str | Path) -> tuple[Adapter, dict]:
 
 
 def run_shared(
-    model: HookedTransformer, root: str | Path, tasks: Sequence[Task], seed: int = 0, cfg: SiteConfig | None = None
+    model: Model, root: str | Path, tasks: Sequence[Task], seed: int = 0, cfg: SiteConfig | None = None
 ) -> pd.DataFrame:
     """One alpha over ``tasks`` (each task's t from its finished ``root/TASK/seed{seed}`` folder), scored per task.
 

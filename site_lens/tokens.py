@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from .models.engines import Model
 from .tasks import answer_sep
 
 
@@ -27,7 +27,7 @@ class PromptTooLongError(ValueError):
     """A prompt (plus generated tokens) does not fit the model's context."""
 
 
-def encode(model: HookedTransformer, texts: Sequence[str]) -> list[list[int]]:
+def encode(model: Model, texts: Sequence[str]) -> list[list[int]]:
     """Tokenise with the model's tokenizer and its own special-token convention."""
     if model.tokenizer is None:
         raise ValueError("this model has no tokenizer; pass token ids instead")
@@ -38,7 +38,7 @@ def encode(model: HookedTransformer, texts: Sequence[str]) -> list[list[int]]:
     return out
 
 
-def answer_ids(model: HookedTransformer, prompt: str, answer: str) -> list[int]:
+def answer_ids(model: Model, prompt: str, answer: str) -> list[int]:
     """Tokens of ' {answer}' (no space before a numeric answer) as they follow ``prompt`` (see tasks.py)."""
     text = answer_sep(answer) + answer
     p = encode(model, [prompt])[0]
@@ -107,12 +107,12 @@ def tokenizer_pad_id(tok) -> int:
     return 0
 
 
-def pad_id(model: HookedTransformer) -> int:
+def pad_id(model: Model) -> int:
     """The model tokenizer's pad id, else its EOS id, else 0 (also with no tokenizer)."""
     return 0 if model.tokenizer is None else tokenizer_pad_id(model.tokenizer)
 
 
-def check_context(model: HookedTransformer, lengths: Sequence[int], extra: int = 0) -> None:
+def check_context(model: Model, lengths: Sequence[int], extra: int = 0) -> None:
     """Raise PromptTooLongError if the longest prompt plus ``extra`` tokens exceeds the model's context."""
     longest = max(lengths)
     if longest + extra > model.cfg.n_ctx:
@@ -134,7 +134,7 @@ def tokenizer_newline_ids(tok) -> set[int]:
     return set(ids)
 
 
-def newline_ids(model: HookedTransformer) -> set[int]:
+def newline_ids(model: Model) -> set[int]:
     """Every token id of the model's tokenizer whose text contains a newline (none without a tokenizer)."""
     return set() if model.tokenizer is None else tokenizer_newline_ids(model.tokenizer)
 
@@ -144,7 +144,7 @@ def tokenizer_stop_ids(tok) -> set[int]:
     return tokenizer_newline_ids(tok) | {tokenizer_pad_id(tok)}
 
 
-def generation_stop_ids(model: HookedTransformer) -> set[int]:
+def generation_stop_ids(model: Model) -> set[int]:
     """``tokenizer_stop_ids`` of the model's tokenizer (the pad id alone without one)."""
     return newline_ids(model) | {pad_id(model)}
 
@@ -159,7 +159,7 @@ class Example:
     scored_from: int = 0  # the first continuation token in the loss (sequence.option_token_examples)
 
 
-def make_examples(model: HookedTransformer, prompts: Sequence[tuple[str, str]]) -> list[Example]:
+def make_examples(model: Model, prompts: Sequence[tuple[str, str]]) -> list[Example]:
     """(prompt, answer) strings -> Examples (prompt tokens, first answer token)."""
     toks = encode(model, [p for p, _ in prompts])
     out = []

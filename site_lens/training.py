@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformer_lens import HookedTransformer
 
 from .backend import last_logits
 from .gate import HookFactory, Hooks
+from .models.engines import Model
 from .tokens import GRAD_CELLS, Example, fit_batches, pad_id, pad_right
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def schedule(n_train: int, steps: int, batch_size: int, seed: int) -> list[list[
 
 
 @contextmanager
-def frozen(model: HookedTransformer) -> Iterator[None]:
+def frozen(model: Model) -> Iterator[None]:
     """The model's parameters require no gradient inside the block; their flags are restored after it."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     model.requires_grad_(False)
@@ -140,7 +140,7 @@ def train_loop(
 
 
 def first_token_loss(
-    model: HookedTransformer,
+    model: Model,
     examples: Sequence[Example],
     hooks: Hooks = (),
     prefill: HookFactory | None = None,

@@ -23,7 +23,7 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny(**overrides):
     """A tiny random Llama-like HookedTransformer with the character tokenizer."""
-    from site_lens.tiny import tiny_model
+    from site_lens.models.tiny import tiny_model
 
     tok = char_tokenizer()
     overrides.setdefault("d_vocab", len(tok.get_vocab()))

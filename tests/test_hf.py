@@ -8,12 +8,11 @@ import pytest
 import torch
 from helpers import char_tokenizer
 
-from site_lens import hf
-from site_lens.convert import ModelError, hooked_from_hf
 from site_lens.gate import injection_hooks
 from site_lens.inject import generate_greedy
 from site_lens.io import Adapter, AdapterError
-from site_lens.models import model_identity
+from site_lens.models import hf, model_identity
+from site_lens.models.convert import ModelError, hooked_from_hf
 from site_lens.tokens import encode, generation_stop_ids
 
 

@@ -6,10 +6,10 @@ import gc
 import pytest
 import torch
 
-from site_lens.convert import PROCESSING_FLAGS, ModelError, new_hooked
-from site_lens.identity import detect_processing, model_identity, register
 from site_lens.io import Adapter, AdapterError
-from site_lens.tiny import build_cfg, tiny_model
+from site_lens.models.convert import PROCESSING_FLAGS, ModelError, new_hooked
+from site_lens.models.identity import detect_processing, model_identity, register
+from site_lens.models.tiny import build_cfg, tiny_model
 
 # a GPT-2-like LayerNorm model (the default tiny model is Llama-like: RMS, rotary, GQA)
 LN = dict(
@@ -152,7 +152,7 @@ def test_identity_is_not_stored_on_the_model():
     model = tiny_model()
     model_identity(model)
     assert set(vars(model)) == before
-    from site_lens import identity
+    from site_lens.models import identity
 
     gc.collect()  # drop the entries of models other tests left behind
     n = len(identity._REGISTRY)

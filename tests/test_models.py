@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from site_lens.convert import fast_layout, finalize
 from site_lens.inject import generate_greedy
 from site_lens.models import ModelError, load_model, model_identity
+from site_lens.models.convert import fast_layout, finalize
+from site_lens.models.tiny import build_cfg, tiny_model
 from site_lens.pipeline import predict
-from site_lens.tiny import build_cfg, tiny_model
 from site_lens.tokens import PromptTooLongError
 
 
@@ -50,7 +50,8 @@ def test_join_gguf_survives_a_concurrent_join(tmp_path, monkeypatch):
     """Two processes joining the same parts at once each finish with the whole file."""
     import shutil
 
-    from site_lens import convert, locks
+    from site_lens import locks
+    from site_lens.models import convert
 
     parts = []
     for i, data in enumerate([b"abc" * 1000, b"xyz" * 1000]):

@@ -21,9 +21,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import site_lens.io as io_mod
-from site_lens import weight_cache
 from site_lens.io import CFG_FILE, WEIGHTS_FILE, Adapter, AdapterError, load_adapter, save_adapter
-from site_lens.models import model_identity
+from site_lens.models import model_identity, weight_cache
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -297,7 +296,7 @@ CACHE_DAMAGE = [
 @pytest.mark.parametrize("damage, digest", [d[1:] for d in CACHE_DAMAGE], ids=[d[0] for d in CACHE_DAMAGE])
 def test_damaged_or_stale_cache_is_rebuilt_not_used(cache_entry, damage, digest, caplog):
     damage(cache_entry)
-    with caplog.at_level("WARNING", logger="site_lens.weight_cache"):
+    with caplog.at_level("WARNING", logger="site_lens.models.weight_cache"):
         assert _load(cache_entry, digest or "f" * 64) is None
     if (cache_entry / weight_cache.META_FILE).exists():
         assert "rebuilding" in caplog.text
@@ -315,6 +314,6 @@ def test_cache_fingerprint_records_size_and_header(cache_entry):
 def test_unwritable_cache_does_not_stop_loading(model, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with caplog.at_level("WARNING", logger="site_lens.weight_cache"):
+    with caplog.at_level("WARNING", logger="site_lens.models.weight_cache"):
         weight_cache.save(blocker / "entry", model, "f" * 64)
     assert "could not write the weight cache" in caplog.text

@@ -146,7 +146,7 @@ def test_bad_model_settings_fail_before_loading(monkeypatch, tmp_path, capsys):
 
     monkeypatch.undo()  # the real load_model, which must fail fast
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(site_lens.models, "_load_embedded", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(site_lens.models.load, "_load_embedded", lambda *a, **k: pytest.fail("loaded"))
     cases = [
         (["--device", "nope"], "unknown device 'nope'"),
         (["--device", "cuda:7"], "device 'cuda:7' is not available"),

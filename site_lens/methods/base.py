@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformer_lens import HookedTransformer
 
 from ..choice import option_accuracy, option_logprobs
 from ..config import OBJECTIVES, TEACHER_FORCED, ConfigError, EmbeddingConfig, EvalConfig, _Config
@@ -41,6 +40,7 @@ from ..embeddings import build_task_embedding
 from ..gate import HookFactory, Hooks
 from ..inject import generate_greedy
 from ..metrics import score
+from ..models.engines import Model
 from ..prompt_cache import PromptCache
 from ..sequence import objective_examples, sequence_loss
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
@@ -51,16 +51,21 @@ log = logging.getLogger(__name__)
 
 
 def sum_last_hook(
-    act: Tensor, hook, store: dict[str, Tensor], last: Tensor, transform: Callable[[Tensor], Tensor] = lambda a: a
+    act: Tensor,
+    hook,
+    store: dict[str, Tensor],
+    last: Tensor,
+    key: str,
+    transform: Callable[[Tensor], Tensor] = lambda a: a,
 ) -> None:
-    """Store the sum over rows of ``transform(act)`` at each row's last real token, under the hook's name."""
+    """Store the sum over rows of ``transform(act)`` at each row's last real token, under ``key`` (the name asked for)."""
     rows = torch.arange(act.shape[0], device=act.device)
-    store[hook.name] = transform(act[rows, last].float()).sum(0).cpu()  # (d_model,)
+    store[key] = transform(act[rows, last].float()).sum(0).cpu()  # (d_model,)
 
 
 @torch.inference_mode()
 def sum_last_token(
-    model: HookedTransformer,
+    model: Model,
     prompts: Sequence[str],
     names: Sequence[str],
     batch_size: int = 10,
@@ -73,8 +78,8 @@ def sum_last_token(
     for idx in fit_batches(range(len(toks)), [len(t) for t in toks], batch_size, model.cfg.n_heads):
         tokens, _, last = pad_right([toks[i] for i in idx], pad_id(model), model.cfg.device)
         store: dict[str, Tensor] = {}
-        grab = partial(sum_last_hook, store=store, last=last, transform=transform)
-        with model.hooks(fwd_hooks=[(n, grab) for n in names]):
+        hooks = [(n, partial(sum_last_hook, store=store, last=last, key=n, transform=transform)) for n in names]
+        with model.hooks(fwd_hooks=hooks):
             model(tokens, stop_at_layer=stop_at_layer or model.cfg.n_layers)
         batch = torch.stack([store[n] for n in names])
         total = batch if total is None else total + batch
@@ -100,23 +105,23 @@ class Method:
         """Scalars fitted by gradient descent or a policy (0 for training-free methods)."""
         return 0
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         """Fit on ``task.train`` (model selection on ``task.valid``); the default does nothing."""
 
     def prompts(self, task: Task, pairs: Sequence[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
         """(prompt, answer) for each query pair: zero-shot by default."""
         return zero_shot_prompts(pairs)
 
-    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+    def prefill_hooks(self, model: Model) -> HookFactory | None:
         """Hooks for the prompt pass only, given each row's last prompt index."""
         return None
 
-    def persistent_hooks(self, model: HookedTransformer) -> Hooks:
+    def persistent_hooks(self, model: Model) -> Hooks:
         """Hooks for every forward pass, prompt and generated tokens."""
         return []
 
     def predict(
-        self, model: HookedTransformer, prompts: Sequence[str], cfg: EvalConfig | None = None
+        self, model: Model, prompts: Sequence[str], cfg: EvalConfig | None = None
     ) -> tuple[list[str], Tensor]:
         """Greedy generations and first-step logits with this method's hooks attached."""
         cfg = cfg or EvalConfig()
@@ -152,7 +157,7 @@ class TaskContext:
             self._prompts = sample_icl_prompts(self.task.train, cfg.n_prompts, cfg.n_shots, random.Random(self.seed))
         return self._prompts
 
-    def mean_z(self, model: HookedTransformer) -> Tensor:
+    def mean_z(self, model: Model) -> Tensor:
         """Mean hook_z at the last token over ``icl_prompts`` (SITE's t; FV's and MTV's mean head outputs)."""
         if self._mean_z is None:
             self._mean_z = build_task_embedding(model, [p for p, _ in self.icl_prompts()], self.embedding.batch_size)
@@ -163,7 +168,7 @@ class TaskContext:
 
 
 def score_method(
-    model: HookedTransformer, method: Method, task: Task, seed: int, cfg: EvalConfig | None = None, split: str = "test"
+    model: Model, method: Method, task: Task, seed: int, cfg: EvalConfig | None = None, split: str = "test"
 ) -> dict[str, Any]:
     """First-token accuracy, exact and strict match of a fitted method on a split.
 
@@ -228,7 +233,7 @@ class TrainConfig(_Config):
 
 
 def train_params(
-    model: HookedTransformer,
+    model: Model,
     params: Sequence[nn.Parameter],
     hooks: Callable[[], Hooks],
     train: Sequence[Example],
@@ -273,14 +278,14 @@ def train_params(
 
 
 def train_valid_examples(
-    model: HookedTransformer, task: Task, objective: str = "first_token"
+    model: Model, task: Task, objective: str = "first_token"
 ) -> tuple[list[Example], list[Example]]:
     """Zero-shot train and valid prompts as examples: (tokens, first answer token), and continuations for 'sequence'."""
     return objective_examples(model, task, "train", objective), objective_examples(model, task, "valid", objective)
 
 
 def choose_layer(
-    model: HookedTransformer,
+    model: Model,
     valid: Sequence[Example],
     edit: Callable[[int], Callable[[Tensor], Tensor]],
     layers: Sequence[int],

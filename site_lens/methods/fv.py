@@ -24,12 +24,12 @@ from functools import partial
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..cie import causal_indirect_effect
 from ..gate import HookFactory
+from ..models.engines import Model
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
@@ -42,14 +42,14 @@ def add_at_hook(
     return resid.index_put((rows, pos), resid[rows, pos] + v.to(resid.dtype))
 
 
-def post_attn_norms(model: HookedTransformer) -> list[torch.nn.Module | None]:
+def post_attn_norms(model: Model) -> list[torch.nn.Module | None]:
     """Per layer, the norm between the attention's W_O and the residual stream (``ln1_post``), or None."""
     norms = [getattr(block, "ln1_post", None) for block in model.blocks]
     return [n if hasattr(n, "hook_scale") else None for n in norms]  # an Identity changes nothing
 
 
 def mean_inv_post_scale(
-    model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10
+    model: Model, prompts: Sequence[str], batch_size: int = 10
 ) -> Float[Tensor, " layer"]:
     """Per layer, 1 / the post-attention norm's scale at the last token, averaged over prompts (1 where no norm)."""
     norms = post_attn_norms(model)
@@ -63,7 +63,7 @@ def mean_inv_post_scale(
 
 
 def function_vector(
-    model: HookedTransformer,
+    model: Model,
     mean_z: Float[Tensor, "layer head_index d_head"],
     heads: list[tuple[int, int]],
     inv_scale: Float[Tensor, " layer"] | None = None,
@@ -94,7 +94,7 @@ class FunctionVector(Method):
         self.v: Tensor | None = None
         self.layer = 0
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         ctx = ctx or TaskContext(task, seed)
         mean_z = ctx.mean_z(model)
         cie = causal_indirect_effect(model, task, mean_z, n_prompts=self.n_cie_prompts, n_shots=self.n_shots, seed=seed)
@@ -112,7 +112,7 @@ class FunctionVector(Method):
         )
         self.info = {"heads": [f"L{l}H{h}" for l, h in heads], "layer": self.layer, "valid_loss_by_layer": losses}
 
-    def _factory(self, model: HookedTransformer):
+    def _factory(self, model: Model):
         v = self.v.to(device=model.cfg.device)
 
         def at_layer(layer: int) -> HookFactory:
@@ -120,6 +120,6 @@ class FunctionVector(Method):
 
         return at_layer
 
-    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+    def prefill_hooks(self, model: Model) -> HookFactory | None:
         assert self.v is not None, "fit first"
         return self._factory(model)(self.layer)

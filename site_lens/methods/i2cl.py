@@ -23,11 +23,11 @@ from functools import partial
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..gate import Hooks
+from ..models.engines import Model
 from ..tasks import Task, format_pair
 from .base import Method, TaskContext, TrainConfig, sum_last_token, train_params, train_valid_examples
 
@@ -42,7 +42,7 @@ def linear_combine_hook(
 
 
 def context_vectors(
-    model: HookedTransformer, demos: Sequence[str], batch_size: int = 10
+    model: Model, demos: Sequence[str], batch_size: int = 10
 ) -> Float[Tensor, "kind layer d_model"]:
     """Mean attention and MLP outputs at each demonstration's last token, per layer."""
     names = [get_act_name(k, layer) for k in KINDS for layer in range(model.cfg.n_layers)]
@@ -67,12 +67,12 @@ class I2CL(Method):
         """Four scalars per layer."""
         return 0 if self.lam is None else self.lam.numel()
 
-    def init_params(self, model: HookedTransformer, c: Tensor) -> None:
+    def init_params(self, model: Model, c: Tensor) -> None:
         self.c = c.clone().to(device=model.cfg.device)  # a normal tensor (c comes from inference mode)
         lam = torch.tensor([0.1, 1.0]).repeat(len(KINDS), model.cfg.n_layers, 1)  # (kind, layer, 2)
         self.lam = nn.Parameter(lam.to(model.cfg.device))
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         rng = random.Random(seed)
         demos = rng.sample(list(task.train), min(self.n_demos, len(task.train)))
         self.init_params(model, context_vectors(model, [format_pair(x, y) for x, y in demos]))
@@ -81,7 +81,7 @@ class I2CL(Method):
             model, [self.lam], lambda: self.persistent_hooks(model), train, valid, self.train_cfg, seed
         )
 
-    def persistent_hooks(self, model: HookedTransformer) -> Hooks:
+    def persistent_hooks(self, model: Model) -> Hooks:
         assert self.lam is not None and self.c is not None, "fit first"
         return [
             (get_act_name(kind, layer), partial(linear_combine_hook, c=self.c[k, layer], lam=self.lam[k, layer]))

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from ..config import ConfigError, _Config
 from ..gate import HookFactory, injection_hooks
+from ..models.engines import Model
 from ..prompt_cache import PromptCache
 from ..tasks import Task
 from .base import Method, TaskContext, method_seed, train_valid_examples
@@ -66,13 +66,13 @@ class MultimodalTaskVector(Method):
         """One policy logit per (layer, head)."""
         return 0 if self.mask is None else self.mask.numel()
 
-    def _loss(self, model: HookedTransformer, cache: PromptCache, idx, mask: Tensor) -> float:
+    def _loss(self, model: Model, cache: PromptCache, idx, mask: Tensor) -> float:
         """First-token CE of the cached prompts ``idx`` with the masked heads replaced, against cached prefixes."""
         m = mask.to(device=model.cfg.device, dtype=model.cfg.dtype)
         with torch.inference_mode():
             return float(cache.loss(idx, m, self.mean_z))
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         ctx = ctx or TaskContext(task, seed)
         cfg = self.cfg
         self.mean_z = ctx.mean_z(model).to(device=model.cfg.device, dtype=model.cfg.dtype)
@@ -112,7 +112,7 @@ class MultimodalTaskVector(Method):
             "rewards": rewards[-10:],
         }
 
-    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+    def prefill_hooks(self, model: Model) -> HookFactory | None:
         assert self.mask is not None, "fit first"
         t, m = self.mean_z, self.mask.to(device=model.cfg.device, dtype=model.cfg.dtype)
         return lambda last: injection_hooks(model, t, m, last)

@@ -23,10 +23,10 @@ from functools import partial
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 
 from ..gate import Hooks
+from ..models.engines import Model
 from ..tasks import Task
 from .base import Method, TaskContext, TrainConfig, method_seed, train_params, train_valid_examples
 
@@ -65,10 +65,10 @@ class _Adapted(Method):
     def n_trainable(self) -> int:
         return 0 if self.params is None else sum(p.numel() for p in self.params)
 
-    def init_params(self, model: HookedTransformer, seed: int = 0) -> None:
+    def init_params(self, model: Model, seed: int = 0) -> None:
         raise NotImplementedError
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         self.init_params(model, seed)
         assert self.params is not None
         train, valid = train_valid_examples(model, task, self.train_cfg.objective)
@@ -88,7 +88,7 @@ class LoRA(_Adapted):
         self.train_cfg = train or TrainConfig(steps=100, lr=1e-3, batch_size=8)
         self.params: nn.ParameterList | None = None  # per layer: A_q, B_q, A_v, B_v
 
-    def init_params(self, model: HookedTransformer, seed: int) -> None:
+    def init_params(self, model: Model, seed: int) -> None:
         cfg = model.cfg
         gen = torch.Generator().manual_seed(method_seed(seed, self.name))
         n_kv = cfg.n_key_value_heads or cfg.n_heads
@@ -103,7 +103,7 @@ class LoRA(_Adapted):
                 ]
         self.params = nn.ParameterList(params)
 
-    def persistent_hooks(self, model: HookedTransformer) -> Hooks:
+    def persistent_hooks(self, model: Model) -> Hooks:
         assert self.params is not None, "fit first"
         hooks: Hooks = []
         scale = self.alpha / self.rank
@@ -128,7 +128,7 @@ class IA3(_Adapted):
         self.train_cfg = train or TrainConfig(steps=100, lr=3e-3, batch_size=8)
         self.params: nn.ParameterList | None = None  # per layer: l_k, l_v, l_ff
 
-    def init_params(self, model: HookedTransformer, seed: int = 0) -> None:
+    def init_params(self, model: Model, seed: int = 0) -> None:
         cfg = model.cfg
         n_kv = cfg.n_key_value_heads or cfg.n_heads
         shapes = [(n_kv, cfg.d_head), (n_kv, cfg.d_head), (cfg.d_mlp,)]
@@ -136,7 +136,7 @@ class IA3(_Adapted):
             [nn.Parameter(torch.ones(s, device=cfg.device)) for _ in range(cfg.n_layers) for s in shapes]
         )
 
-    def persistent_hooks(self, model: HookedTransformer) -> Hooks:
+    def persistent_hooks(self, model: Model) -> Hooks:
         assert self.params is not None, "fit first"
         hooks: Hooks = []
         for layer in range(model.cfg.n_layers):

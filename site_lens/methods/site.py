@@ -17,14 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from transformer_lens import HookedTransformer
-
 from ..backend import describe
 from ..config import EmbeddingConfig, SelectionConfig, SiteConfig
 from ..embeddings import build_task_embedding
 from ..gate import HookFactory
 from ..io import Adapter
 from ..models import model_identity
+from ..models.engines import Model
 from ..selection import AlphaTrainer
 from ..sequence import objective_examples
 from ..tasks import Task, check_enough, sample_icl_prompts
@@ -49,7 +48,7 @@ def embedding_prompts(task: Task, cfg: EmbeddingConfig, seed: int) -> list[tuple
 
 
 def fit_site(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     cfg: SiteConfig | None = None,
     progress: Callable[[int, float], None] | None = None,
@@ -124,7 +123,7 @@ class Site(Method):
         """One theta per (layer, head)."""
         return 0 if self.adapter is None else self.adapter.theta.numel()
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         cfg = SiteConfig(seed=seed, embedding=self.embedding, selection=self.selection)
         self.result = fit_site(model, task, cfg, self.progress, ctx)
         self.adapter = self.result.adapter
@@ -136,7 +135,7 @@ class Site(Method):
             "backend": self.result.backend,
         }
 
-    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+    def prefill_hooks(self, model: Model) -> HookFactory | None:
         assert self.adapter is not None, "fit first"
         adapter = self.adapter
         return lambda last: adapter.hooks(model, last)

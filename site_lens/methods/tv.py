@@ -16,11 +16,11 @@ from functools import partial
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..gate import HookFactory
+from ..models.engines import Model
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
@@ -34,7 +34,7 @@ def replace_at_hook(
 
 
 def mean_last_resid(
-    model: HookedTransformer, prompts: Sequence[str], batch_size: int = 10
+    model: Model, prompts: Sequence[str], batch_size: int = 10
 ) -> Float[Tensor, "layer d_model"]:
     """hook_resid_pre of every layer at the last token, averaged over prompts."""
     names = [get_act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)]
@@ -52,7 +52,7 @@ class TaskVector(Method):
         self.vectors: Tensor | None = None  # (layer, d_model)
         self.layer = 0
 
-    def fit(self, model: HookedTransformer, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
+    def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
         ctx = ctx or TaskContext(task, seed)
         self.vectors = mean_last_resid(model, [p for p, _ in ctx.icl_prompts()])
         _, valid = train_valid_examples(model, task)
@@ -62,7 +62,7 @@ class TaskVector(Method):
         )
         self.info = {"layer": self.layer, "valid_loss_by_layer": losses}
 
-    def _factory(self, model: HookedTransformer):
+    def _factory(self, model: Model):
         vecs = self.vectors.to(device=model.cfg.device)
 
         def at_layer(layer: int) -> HookFactory:
@@ -70,6 +70,6 @@ class TaskVector(Method):
 
         return at_layer
 
-    def prefill_hooks(self, model: HookedTransformer) -> HookFactory | None:
+    def prefill_hooks(self, model: Model) -> HookFactory | None:
         assert self.vectors is not None, "fit first"
         return self._factory(model)(self.layer)

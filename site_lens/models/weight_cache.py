@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from .convert import finalize, new_hooked
+from .engines import Model
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
-def save(entry: Path, model: HookedTransformer, digest: str) -> None:
+def save(entry: Path, model: Model, digest: str) -> None:
     """Write ``model`` as the entry for the source ``digest``, atomically; a failure only warns."""
     from safetensors.torch import save_file
 
@@ -79,7 +79,12 @@ def save(entry: Path, model: HookedTransformer, digest: str) -> None:
         save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS_FILE))
         model.tokenizer.save_pretrained(str(tmp / "tokenizer"))
         cfg = {k: v for k, v in model.cfg.to_dict().items() if _jsonable(v)}
-        meta = {"cache_version": CACHE_VERSION, "source_sha256": digest, "weights": fingerprint(tmp / WEIGHTS_FILE), "cfg": cfg}
+        meta = {
+            "cache_version": CACHE_VERSION,
+            "source_sha256": digest,
+            "weights": fingerprint(tmp / WEIGHTS_FILE),
+            "cfg": cfg,
+        }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         if entry.exists():
             shutil.rmtree(entry)
@@ -90,7 +95,7 @@ def save(entry: Path, model: HookedTransformer, digest: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(entry: Path, digest: str, device: str, dtype: torch.dtype) -> HookedTransformer | None:
+def load(entry: Path, digest: str, device: str, dtype: torch.dtype) -> Model | None:
     """The cached model (finalized on ``device`` in ``dtype``), or None if absent, stale or damaged."""
     if not (entry / META_FILE).exists():
         return None
@@ -105,6 +110,8 @@ def load(entry: Path, digest: str, device: str, dtype: torch.dtype) -> HookedTra
         if meta.get("weights") != fingerprint(entry / WEIGHTS_FILE):
             log.warning("weight cache %s: %s is damaged or replaced; rebuilding", entry, WEIGHTS_FILE)
             return None
+        from transformer_lens import HookedTransformerConfig
+
         known = set(HookedTransformerConfig.__dataclass_fields__)
         cfg_d = {k: v for k, v in meta["cfg"].items() if k in known and k not in ("n_params", "device", "dtype")}
         cfg = HookedTransformerConfig(**cfg_d, device=device, dtype=dtype)

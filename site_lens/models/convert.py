@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from .locks import owner_tag, temp_is_orphan
+from ..locks import owner_tag, temp_is_orphan
+from .engines import Model, ModelError, hooked_class
 
 # TransformerLens processing flags used for every model site-lens loads (they change hook_z).
 PROCESSING_FLAGS: dict[str, bool] = {
@@ -32,11 +32,7 @@ PROCESSING_FLAGS: dict[str, bool] = {
 }
 
 
-class ModelError(ValueError):
-    """An unknown model name, a missing embedded package, or a corrupt cache."""
-
-
-def fast_layout(model: HookedTransformer) -> HookedTransformer:
+def fast_layout(model: Model) -> Model:
     """Re-stride weights so TransformerLens's forward stops copying them on every call.
 
     TransformerLens 3.9 computes ``F.linear(x, W.T.contiguous())`` in the MLP and
@@ -75,9 +71,7 @@ def fast_layout(model: HookedTransformer) -> HookedTransformer:
     return model
 
 
-def finalize(
-    model: HookedTransformer, device: str | None = None, dtype: torch.dtype | None = None
-) -> HookedTransformer:
+def finalize(model: Model, device: str | None = None, dtype: torch.dtype | None = None) -> Model:
     """Move to ``dtype`` and ``device`` (None: leave as is), re-stride, eval mode, frozen."""
     if dtype is not None:
         model.to(dtype, print_details=False)  # also sets cfg.dtype
@@ -89,11 +83,11 @@ def finalize(
     return model
 
 
-def new_hooked(cfg: HookedTransformerConfig, tokenizer: Any = None, **kwargs: Any) -> HookedTransformer:
+def new_hooked(cfg: Any, tokenizer: Any = None, **kwargs: Any) -> Model:
     """``HookedTransformer(cfg, tokenizer)`` without TransformerLens's deprecation warnings."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return HookedTransformer(cfg, tokenizer=tokenizer, **kwargs)
+        return hooked_class()(cfg, tokenizer=tokenizer, **kwargs)
 
 
 # ---------------------------------------------------------------- HF -> TL config
@@ -177,10 +171,10 @@ def _tokenizer_prepends_bos(tokenizer: Any) -> bool:
     return bool(tokenizer.bos_token_id is not None and ids and ids[0] == tokenizer.bos_token_id)
 
 
-def hooked_from_hf(
-    hf_model: Any, tokenizer: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32
-) -> HookedTransformer:
+def hooked_from_hf(hf_model: Any, tokenizer: Any, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Model:
     """Build a HookedTransformer from an in-memory HF model, with no hub access and no weight processing."""
+    hooked_class()  # ModelError on TransformerLens 4, before anything else
+    from transformer_lens import HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import get_pretrained_state_dict
 
     arch = hf_architecture(hf_model)
@@ -229,7 +223,7 @@ def join_gguf(parts: list[Path], joined: Path) -> Path:
     return joined
 
 
-def hooked_from_gguf(gguf: Path) -> HookedTransformer:
+def hooked_from_gguf(gguf: Path) -> Model:
     """Dequantise a GGUF file (transformers + gguf) and convert it: CPU, float32, finalized."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

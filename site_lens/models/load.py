@@ -19,17 +19,24 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer
 
 from . import weight_cache
-from .convert import PROCESSING_FLAGS, ModelError, finalize, hooked_from_gguf, join_gguf
+from .convert import PROCESSING_FLAGS, finalize, hooked_from_gguf, join_gguf
+from .engines import Model, ModelError, check_engine, hooked_class
 from .identity import model_identity, register
 
 __all__ = [
-    "EMBEDDED_MODELS", "PROCESSING_FLAGS", "EmbeddedModel", "ModelError", "default_cache_dir", "load_model",
-    "model_identity", "resolve_model_name",
+    "EMBEDDED_MODELS",
+    "PROCESSING_FLAGS",
+    "EmbeddedModel",
+    "ModelError",
+    "default_cache_dir",
+    "load_model",
+    "model_identity",
+    "resolve_model_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,7 +95,7 @@ def default_cache_dir() -> Path:
 
 def _load_embedded(
     spec: EmbeddedModel, device: str, dtype: torch.dtype, cache_dir: Path | None, use_cache: bool
-) -> HookedTransformer:
+) -> Model:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parts = spec.gguf_parts()
     digest = weight_cache.source_digest(parts)
@@ -115,9 +122,17 @@ def _check_device(device: str) -> None:
         raise ModelError(f"device '{device}' is not available here ({torch.cuda.device_count()} CUDA devices)")
 
 
-def resolve_model_name(name: str) -> str:
-    """The embedded name itself, or TransformerLens's official name; ModelError if neither (cheap, no loading)."""
+def resolve_model_name(name: str, engine: str | None = None) -> str:
+    """The embedded name itself, TransformerLens's official name (HookedTransformer), or the hub id (bridge).
+
+    ModelError for a name HookedTransformer does not know (cheap, no loading); the bridge takes
+    any Hugging Face id or local folder, checked when it loads.
+    """
     if name in EMBEDDED_MODELS:
+        return name
+    if check_engine(engine) == "bridge":
+        if not name or name.strip() != name:
+            raise ModelError(f"unknown model '{name}': give an embedded name or a Hugging Face model id")
         return name
     from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
 
@@ -138,8 +153,11 @@ def load_model(
     n_devices: int = 1,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
-) -> HookedTransformer:
-    """Load a model by name: an embedded one (no network), or any TransformerLens name.
+    engine: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[Any, Any] | None = None,
+) -> Model:
+    """Load a model by name: an embedded one (no network), or any TransformerLens / Hugging Face name.
 
     Args:
         name: ``smollm2-135m`` (default, embedded), ``gemma-3-270m`` (embedded),
@@ -148,19 +166,37 @@ def load_model(
         dtype: ``torch.float32`` (default), or ``"bfloat16"`` etc.
         cache_dir: where converted embedded weights are cached
             (default ``$SITE_LENS_CACHE`` or ``~/.cache/site-lens``; safe to delete).
+        engine: ``"hooked"`` (TransformerLens 3.x's HookedTransformer, the default there) or
+            ``"bridge"`` (TransformerBridge around the native transformers model; the only
+            engine on TransformerLens 4). Both load without weight processing.
+        device_map, max_memory: the bridge only: accelerate's placement, e.g.
+            ``{"model.layers.0": "cuda:0", ..., "lm_head": "cpu"}`` or ``"auto"``.
     """
+    engine = check_engine(engine)
+    if engine == "hooked" and (device_map is not None or max_memory is not None):
+        raise ModelError("device_map and max_memory need engine='bridge' (HookedTransformer splits with n_devices)")
     if isinstance(dtype, str):
         if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
             raise ModelError(f"unknown dtype '{dtype}' (try float32, bfloat16, float16)")
         dtype = getattr(torch, dtype)
+    if device_map is not None and device is not None:
+        raise ModelError("give device or device_map, not both")
     device = device or "cpu"
     _check_device(device)  # before minutes of loading, not after
+    if engine == "bridge":
+        from .bridge import load_bridge
+
+        cache = Path(cache_dir) if cache_dir else None
+        bridge, source = load_bridge(
+            name, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory, cache_dir=cache
+        )
+        return register(bridge, name, source=source)
     if name in EMBEDDED_MODELS:
         return _load_embedded(EMBEDDED_MODELS[name], device, dtype, Path(cache_dir) if cache_dir else None, use_cache)
-    official = resolve_model_name(name)
+    official = resolve_model_name(name, engine)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        model = HookedTransformer.from_pretrained(
+        model = hooked_class().from_pretrained(
             official, device=device, dtype=dtype, n_devices=n_devices, **PROCESSING_FLAGS
         )
     return register(finalize(model), name, processing=PROCESSING_FLAGS)

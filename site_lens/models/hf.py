@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..gate import AlphaGate
+from ..io import Adapter, AdapterError
+from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, ModelError, hf_architecture, join_gguf
-from .gate import AlphaGate
-from .io import Adapter, AdapterError
-from .tokens import tokenizer_pad_id, tokenizer_stop_ids
 
 __all__ = ["encode", "generate", "hf_identity", "inject", "load_hf_model", "output_projections", "stop_ids"]
 
@@ -119,7 +119,7 @@ def load_hf_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import EMBEDDED_MODELS, default_cache_dir
+    from .load import EMBEDDED_MODELS, default_cache_dir
     from .weight_cache import source_digest
 
     if name in EMBEDDED_MODELS:
@@ -152,6 +152,11 @@ def load_hf_model(
     return model.eval().requires_grad_(False), tok
 
 
+def source_of(model: Any) -> dict[str, Any]:
+    """{'name', 'source_sha256'} recorded by ``load_hf_model`` for this model ({} for any other)."""
+    return dict(_SOURCES.get(model, {}))
+
+
 def _text_config(model: Any) -> Any:
     c = model.config
     return c.get_text_config() if hasattr(c, "get_text_config") else c
@@ -159,6 +164,8 @@ def _text_config(model: Any) -> Any:
 
 def hf_identity(model: Any) -> dict[str, Any]:
     """What an adapter must match (``io.MATCH_KEYS``), read from the HF config; HF weights are unprocessed."""
+    from .identity import hf_weights_digest
+
     c = _text_config(model)
     n_heads = getattr(c, "num_attention_heads", None) or c.n_head
     d_model = getattr(c, "hidden_size", None) or c.n_embd
@@ -172,6 +179,7 @@ def hf_identity(model: Any) -> dict[str, Any]:
         "d_model": d_model,
         "d_vocab": c.vocab_size,
         "source_sha256": known.get("source_sha256"),
+        "weights_sha256": hf_weights_digest(model),
         "processing": dict.fromkeys(PROCESSING_FLAGS, False),
     }
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_lens import HookedTransformer, HookedTransformerConfig
-
 from .convert import PROCESSING_FLAGS, finalize, new_hooked
+from .engines import Model, hooked_class
 from .identity import register
 
 
-def build_cfg(**overrides: Any) -> HookedTransformerConfig:
+def build_cfg(**overrides: Any) -> Any:
     """A tiny random Llama-like config (rotary, RMS, GQA) for tests and teaching."""
     d: dict[str, Any] = dict(
         n_layers=2,
@@ -33,10 +32,13 @@ def build_cfg(**overrides: Any) -> HookedTransformerConfig:
         original_architecture="LlamaForCausalLM",  # a Llama-style block: the packed backend's allow-list covers it
     )
     d.update(overrides)
+    hooked_class()  # ModelError on TransformerLens 4
+    from transformer_lens import HookedTransformerConfig
+
     return HookedTransformerConfig(**d)
 
 
-def tiny_model(tokenizer: Any = None, **overrides: Any) -> HookedTransformer:
+def tiny_model(tokenizer: Any = None, **overrides: Any) -> Model:
     """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer."""
     cfg = build_cfg(**overrides)
     model = finalize(new_hooked(cfg, tokenizer))

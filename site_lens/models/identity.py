@@ -28,19 +28,18 @@ centred row's mean is under ``16 * eps * rms(row)``, a random row's about
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
-from .convert import PROCESSING_FLAGS, ModelError
+from .convert import PROCESSING_FLAGS
+from .engines import Model, ModelError, is_bridge
 
 # model -> (identity, the flags its weights showed when registered); entries go with their model
-_REGISTRY: weakref.WeakKeyDictionary[HookedTransformer, tuple[dict[str, Any], dict[str, bool | None]]] = (
-    weakref.WeakKeyDictionary()
-)
+_REGISTRY: weakref.WeakKeyDictionary[Model, tuple[dict[str, Any], dict[str, bool | None]]] = weakref.WeakKeyDictionary()
 _WRITING = ("W_E", "W_pos", "W_O", "W_out", "b_O", "b_out")  # what center_writing_weights centres
 _NOT_CENTRED_POS = ("rotary", "alibi", "none")  # positional embeddings TL leaves alone
 
@@ -69,21 +68,25 @@ def _orthonormal_rows(w: Tensor) -> bool:
     return bool(torch.allclose(gram, eye.expand_as(gram), atol=max(1e-3, 8 * _eps(w)), rtol=0))
 
 
-def _params(model: HookedTransformer, *leaves: str) -> list[tuple[str, Tensor]]:
+def _params(model: Model, *leaves: str) -> list[tuple[str, Tensor]]:
     return [(n, p) for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in leaves]
 
 
-def _centring_applies(model: HookedTransformer) -> bool:
+def _centring_applies(model: Model) -> bool:
     c = model.cfg
     return c.normalization_type in ("LN", "LNPre") and not c.final_rms
 
 
-def _no_attn_biases(model: HookedTransformer) -> bool:
+def _no_attn_biases(model: Model) -> bool:
     return not any(bool((p != 0).any()) for _, p in _params(model, "b_V", "_b_V", "b_O"))
 
 
-def detect_processing(model: HookedTransformer) -> dict[str, bool | None]:
+def detect_processing(model: Model) -> dict[str, bool | None]:
     """The processing flags the model's config and weights show; None where they cannot tell."""
+    if is_bridge(model):
+        from .bridge import bridge_processing
+
+        return dict(bridge_processing(model))
     from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
     c = model.cfg
@@ -109,8 +112,10 @@ def detect_processing(model: HookedTransformer) -> dict[str, bool | None]:
     }
 
 
-def _applicable(model: HookedTransformer, flags: dict[str, bool | None]) -> dict[str, bool | None]:
+def _applicable(model: Model, flags: dict[str, bool | None]) -> dict[str, bool | None]:
     """False for steps TL skips on this model or that change nothing in it, whatever was asked."""
+    if is_bridge(model):
+        return dict(flags)
     c = model.cfg
     out = dict(flags)
     if c.normalization_type not in ("LN", "LNPre", "RMS", "RMSPre"):
@@ -134,7 +139,7 @@ def _check_processing(processing: dict[str, Any]) -> None:
 
 
 def _identity(
-    model: HookedTransformer, name: str, source: str | None, seen: dict[str, bool | None], processing: dict | None
+    model: Model, name: str, source: str | None, seen: dict[str, bool | None], processing: dict | None
 ) -> dict[str, Any]:
     flags = dict(seen)
     if processing:
@@ -148,33 +153,115 @@ def _identity(
             f"not): pass processing={{'{unknown[0]}': True or False}} to model_identity or identity.register"
         )
     c = model.cfg
+    if is_bridge(model):
+        from .bridge import bridge_shape
+
+        shape = bridge_shape(model)
+    else:
+        shape = {
+            "architecture": c.original_architecture,
+            "n_layers": c.n_layers,
+            "n_heads": c.n_heads,
+            "d_head": c.d_head,
+            "d_model": c.d_model,
+            "d_vocab": c.d_vocab,
+        }
     return {
         "name": name,
-        "architecture": c.original_architecture,
-        "n_layers": c.n_layers,
-        "n_heads": c.n_heads,
-        "d_head": c.d_head,
-        "d_model": c.d_model,
-        "d_vocab": c.d_vocab,
+        **shape,
         "source_sha256": source,
+        "weights_sha256": weights_digest(model),
         "processing": flags,
     }
 
 
+# ---------------------------------------------------------------- the weights digest
+
+# model -> (parameter stamp, digest): computed once per model and weights
+_DIGESTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+
+
+def _stamp(model: Any) -> tuple:
+    return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
+
+
+def _digest(matrices: list[Tensor]) -> str:
+    """SHA-256 of the matrices' shapes and their values rounded to bfloat16 (the same for a float32 or bf16 load)."""
+    h = hashlib.sha256()
+    for w in matrices:
+        w = w.detach()
+        h.update(repr(tuple(w.shape)).encode())
+        for chunk in w.reshape(-1).split(1 << 24):  # 32 MB of bfloat16 at a time
+            h.update(chunk.to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _memo(model: Any, matrices) -> str:
+    known = _DIGESTS.get(model)
+    stamp = _stamp(model)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    digest = _digest(matrices())
+    _DIGESTS[model] = (stamp, digest)
+    return digest
+
+
+def _out_weight(proj: Any) -> Tensor:
+    """An output projection's weight as (d_model, head d_head): Linear's own, GPT-2's Conv1D transposed."""
+    proj = getattr(proj, "_original_component", proj)  # the bridge wraps each linear
+    return proj.weight if isinstance(proj, torch.nn.Linear) else proj.weight.T
+
+
+def hf_weights_digest(hf_model: Any) -> str:
+    """``weights_digest`` of a transformers model: its attention output projections and unembedding."""
+    from .hf import output_projections
+
+    def matrices() -> list[Tensor]:
+        outs = [_out_weight(p) for p in output_projections(hf_model)]
+        return [*outs, _out_weight(hf_model.get_output_embeddings())]
+
+    return _memo(hf_model, matrices)
+
+
+def weights_digest(model: Model) -> str:
+    """A digest of the weights that tells two models apart on either engine or in transformers.
+
+    It covers every layer's attention output projection, as (d_model, head d_head), and the
+    unembedding, as (d_vocab, d_model): the weights SITE's injection passes through, and those
+    no engine rescales when it loads a model without processing (HookedTransformer scales
+    Gemma's embedding). A base model and its fine-tune, or two random inits, differ here.
+    """
+    if is_bridge(model):
+
+        def matrices() -> list[Tensor]:
+            outs = [_out_weight(b.attn.o) for b in model.blocks]
+            return [*outs, _out_weight(model.original_model.get_output_embeddings())]
+
+    else:
+
+        def matrices() -> list[Tensor]:
+            outs = [
+                b.attn.W_O.reshape(-1, b.attn.W_O.shape[-1]).T for b in model.blocks
+            ]  # W_O: (head, d_head, d_model)
+            return [*outs, model.unembed.W_U.T]
+
+    return _memo(model, matrices)
+
+
 def register(
-    model: HookedTransformer,
+    model: Model,
     name: str | None = None,
     *,
     source: str | None = None,
     processing: dict[str, bool] | None = None,
-) -> HookedTransformer:
+) -> Model:
     """Remember the model's name, source digest and processing flags (those given, the rest read off it)."""
     seen = detect_processing(model)
     _REGISTRY[model] = (_identity(model, name or model.cfg.model_name, source, seen, processing), seen)
     return model
 
 
-def model_identity(model: HookedTransformer, processing: dict[str, bool] | None = None) -> dict[str, Any]:
+def model_identity(model: Model, processing: dict[str, bool] | None = None) -> dict[str, Any]:
     """Name, shape, source and processing flags of a model: what an adapter must match.
 
     The flags are those registered by ``load_model`` / ``tiny_model`` while the

@@ -1,0 +1,28 @@
+"""Models: loading (embedded GGUF files, hub names), conversion, weight cache, identity, the two engines.
+
+``load_model`` is the one way in; ``engines`` says which TransformerLens engine a
+model object is (HookedTransformer on TransformerLens 3.x, TransformerBridge on
+3.9 and 4.x) and gives the annotation type ``Model`` for either.
+"""
+
+from .load import (
+    EMBEDDED_MODELS,
+    PROCESSING_FLAGS,
+    EmbeddedModel,
+    ModelError,
+    default_cache_dir,
+    load_model,
+    model_identity,
+    resolve_model_name,
+)
+
+__all__ = [
+    "EMBEDDED_MODELS",
+    "PROCESSING_FLAGS",
+    "EmbeddedModel",
+    "ModelError",
+    "default_cache_dir",
+    "load_model",
+    "model_identity",
+    "resolve_model_name",
+]

@@ -1,0 +1,148 @@
+"""The TransformerBridge engine on tiny random configs of seven architectures (offline, seconds).
+
+Where TransformerLens 3.9's HookedTransformer has the architecture (Llama, Gemma 3), the bridge's
+task embedding and first training losses are held to it; everywhere, the bridge's logits equal
+the transformers model's, and stages 1-3 and a patching sweep run.
+"""
+
+import pytest
+import torch
+from helpers import char_tokenizer
+
+from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from site_lens.embeddings import build_task_embedding
+from site_lens.inject import generate_greedy
+from site_lens.io import AdapterError
+from site_lens.methods.site import fit_site
+from site_lens.models import engines
+from site_lens.models.bridge import TINY_ARCHITECTURES, bridge_from_hf, tiny_bridge, tiny_hf
+from site_lens.models.identity import model_identity, register
+from site_lens.patching import head_patching_sweep
+from site_lens.selection import AlphaTrainer
+from site_lens.tasks import load_task
+from site_lens.tokens import encode, make_examples
+
+PROMPTS = ["Q: hot\nA: cold\nQ: up\nA:", "Q: big\nA: small\nQ: in\nA:", "Q: yes\nA:"]
+WORDS = ["cat", "dog", "sun", "moon", "tree", "rock"]
+
+
+@pytest.fixture
+def tok():
+    return char_tokenizer()  # fresh: HookedTransformer's setup may add tokens to the one it is given
+
+
+@pytest.fixture(scope="module", params=TINY_ARCHITECTURES)
+def bridge(request):
+    return tiny_bridge(request.param, char_tokenizer())
+
+
+def _cfg() -> SiteConfig:
+    return SiteConfig(
+        embedding=EmbeddingConfig(n_prompts=3, n_shots=2),
+        selection=SelectionConfig(steps=4, eval_every=2, max_valid=3),
+        eval=EvalConfig(max_new_tokens=4, max_test=4),
+    )
+
+
+def test_hook_z_fires_and_logits_equal_hf(bridge):
+    c = bridge.cfg
+    toks = torch.tensor([encode(bridge, ["Q: hot\nA:"])[0]])
+    seen = {}
+
+    def grab(z, hook):
+        seen[hook.name] = z.shape
+        return z
+
+    logits = bridge.run_with_hooks(toks, fwd_hooks=[(f"blocks.{c.n_layers - 1}.attn.hook_z", grab)])
+    assert list(seen.values()) == [torch.Size([1, toks.shape[1], c.n_heads, c.d_head])]
+    assert torch.equal(logits, bridge.original_model(toks).logits)
+    assert engines.engine_of(bridge) == "bridge"
+
+
+def test_stages_and_patching_run(bridge):
+    task = load_task("antonym")
+    fit = fit_site(bridge, task, _cfg())
+    t, alpha = fit.adapter.t, fit.adapter.alpha
+    c = bridge.cfg
+    assert t.shape == (c.n_layers, c.n_heads, c.d_head) and torch.isfinite(t).all()
+    assert alpha.shape == (c.n_layers, c.n_heads) and not torch.equal(alpha, torch.full_like(alpha, 0.5))
+    prompts = encode(bridge, ["Q: hot\nA:", "Q: a longer one\nA:"])
+    hooks = fit.adapter.hooks
+    gen, first = generate_greedy(bridge, prompts, max_new_tokens=3, prefill_hooks=lambda last: hooks(bridge, last))
+    assert len(gen) == 2 and first.shape == (2, c.d_vocab)
+    df = head_patching_sweep(bridge, task, fit.adapter, ks=[1, 2], draws=1, max_items=4, n_shots=2)
+    full = df[df.condition == "zero_shot"].iloc[0]
+    assert full.recovery_prob == pytest.approx(0.0, abs=1e-9)
+
+
+def test_injection_at_prefill_equals_uncached_reference(bridge):
+    """Generation on the bridge injects once, at the last prompt token: alpha = 0 is the plain model."""
+    c = bridge.cfg
+    prompts = encode(bridge, PROMPTS)
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    zero = torch.zeros(c.n_layers, c.n_heads)
+    from site_lens.gate import injection_hooks
+
+    plain, first_plain = generate_greedy(bridge, prompts, max_new_tokens=4)
+    gated, first_gated = generate_greedy(
+        bridge, prompts, max_new_tokens=4, prefill_hooks=lambda last: injection_hooks(bridge, t, zero, last)
+    )
+    assert plain == gated and torch.allclose(first_plain, first_gated, atol=1e-5)
+    # each row's first-step logits equal its own unpadded forward (batching and padding change nothing)
+    for i, p in enumerate(prompts):
+        want = bridge.original_model(torch.tensor([p])).logits[0, -1]
+        assert torch.allclose(first_plain[i], want, atol=1e-5)
+
+
+# ---------------------------------------------------------------- against HookedTransformer
+
+needs_hooked = pytest.mark.skipif(engines.HOOKED is None, reason="needs TransformerLens 3.x's HookedTransformer")
+
+
+@needs_hooked
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_bridge_agrees_with_hooked(arch, tok):
+    from site_lens.models.convert import hooked_from_hf
+
+    hooked = register(hooked_from_hf(tiny_hf(arch, tok), char_tokenizer()), f"tiny-{arch}")
+    bridge = register(bridge_from_hf(tiny_hf(arch, tok), tok), f"tiny-{arch}")
+    t_h = build_task_embedding(hooked, PROMPTS)
+    t_b = build_task_embedding(bridge, PROMPTS)
+    assert torch.allclose(t_h, t_b, atol=1e-5), (t_h - t_b).abs().max()
+    ex = make_examples(hooked, [(f"Q: {w}\nA:", w[::-1]) for w in WORDS])
+    losses = []
+    for model in (hooked, bridge):
+        tr = AlphaTrainer(model, t_h, SelectionConfig(steps=3, eval_every=0, backend="hooked"))
+        tr.fit(ex)
+        losses.append(tr.history.loss[:3])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+    # one identity: the same weights and name on both engines
+    ih, ib = model_identity(hooked), model_identity(bridge)
+    assert ih["weights_sha256"] == ib["weights_sha256"]
+    fit = fit_site(hooked, load_task("antonym"), _cfg())
+    fit.adapter.check_model(ib)  # a HookedTransformer adapter applies to the bridge of the same model
+    b_fit = fit_site(bridge, load_task("antonym"), _cfg())
+    b_fit.adapter.check_model(ih)  # and the reverse
+
+
+def test_adapters_refused_across_name_or_weights(tok):
+    base = tiny_bridge("llama", tok, seed=0, name="tiny-llama-base")
+    fit = fit_site(base, load_task("antonym"), _cfg())
+    same = tiny_bridge("llama", tok, seed=0, name="tiny-llama-base")
+    fit.adapter.check_model(model_identity(same))
+    renamed = tiny_bridge("llama", tok, seed=0, name="tiny-llama-instruct")
+    with pytest.raises(AdapterError, match="tiny-llama-base.*tiny-llama-instruct"):
+        fit.adapter.check_model(model_identity(renamed))
+    tuned = tiny_bridge("llama", tok, seed=1, name="tiny-llama-base")
+    with pytest.raises(AdapterError, match="weights_sha256"):
+        fit.adapter.check_model(model_identity(tuned))
+
+
+def test_processed_bridge_refused(tok):
+    raw = tiny_bridge("llama", tok)
+    fit = fit_site(raw, load_task("antonym"), _cfg())
+    processed = tiny_bridge("llama", tok)
+    processed.enable_compatibility_mode(disable_warnings=True)
+    register(processed, "tiny-llama")
+    with pytest.raises(AdapterError, match="processing"):
+        fit.adapter.check_model(model_identity(processed))
