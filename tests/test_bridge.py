@@ -146,3 +146,19 @@ def test_processed_bridge_refused(tok):
     register(processed, "tiny-llama")
     with pytest.raises(AdapterError, match="processing"):
         fit.adapter.check_model(model_identity(processed))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_method_fits_and_scores_on_the_bridge(arch, tmp_path):
+    from small import SMALL_EMBEDDING, small_methods, write_task_dir
+
+    from site_lens.methods import TaskContext, score_method
+
+    model = tiny_bridge(arch, char_tokenizer())
+    task = load_task("upper", data_dir=write_task_dir(tmp_path))
+    ctx = TaskContext(task, 0, SMALL_EMBEDDING)
+    for name, make in small_methods().items():
+        m = make()
+        m.fit(model, task, 0, ctx)
+        r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
+        assert r["n"] == 2 and 0 <= r["exact_match"] <= 1, name

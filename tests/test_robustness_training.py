@@ -170,9 +170,9 @@ def test_stage1_keeps_only_the_last_position(model, monkeypatch):
     stored: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     real = emb.capture_last_hook
 
-    def spy(z, hook, store, last):
-        real(z, hook, store, last)
-        stored.append((hook.name, z, store[hook.name]))
+    def spy(z, hook, store, last, key):
+        real(z, hook, store, last, key)
+        stored.append((key, z, store[key]))
 
     monkeypatch.setattr(emb, "capture_last_hook", spy)
     short, long = [[1, 2, 3]] * 3, [list(range(1, 61))] * 3

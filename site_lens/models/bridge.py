@@ -39,7 +39,11 @@ def bridge_from_hf(
     ``folder`` is where the model's config (and tokenizer) were saved; None saves them to a
     temporary folder first. No network is used.
     """
+    from .hf import hf_name
+    from .identity import register
+
     dtype = dtype or next(hf_model.parameters()).dtype
+    name, path = hf_name(hf_model), getattr(hf_model.config, "_name_or_path", "")
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
         warnings.simplefilter("ignore")
         if folder is None:
@@ -49,9 +53,10 @@ def bridge_from_hf(
             hf_model.config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf_model, dtype=dtype)
+    hf_model.config._name_or_path = path  # not the temporary folder the boot read
     bridge.eval()
     bridge.requires_grad_(False)  # SITE never trains model weights
-    return bridge
+    return register(bridge, name)
 
 
 def load_bridge(

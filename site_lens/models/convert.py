@@ -195,7 +195,10 @@ def hooked_from_hf(hf_model: Any, tokenizer: Any, *, device: str = "cpu", dtype:
         state_dict = get_pretrained_state_dict(tmp, cfg, hf_model=hf_model, dtype=dtype)
     model = new_hooked(cfg, tokenizer, move_to_device=False)
     model.load_and_process_state_dict(state_dict, **PROCESSING_FLAGS)
-    return finalize(model, cfg.device)
+    from .hf import hf_name
+    from .identity import register
+
+    return register(finalize(model, cfg.device), hf_name(hf_model), processing=PROCESSING_FLAGS)
 
 
 # ---------------------------------------------------------------- GGUF -> HF

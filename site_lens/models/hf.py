@@ -157,6 +157,13 @@ def source_of(model: Any) -> dict[str, Any]:
     return dict(_SOURCES.get(model, {}))
 
 
+def hf_name(model: Any) -> str:
+    """The name an identity gives a transformers model: ``load_hf_model``'s, else the config's path or hub id,
+    else the class name (an in-memory model); ``convert.hooked_from_hf`` and the bridge give their models the same."""
+    known = _SOURCES.get(model, {})
+    return known.get("name") or getattr(model.config, "_name_or_path", "") or type(model).__name__
+
+
 def _text_config(model: Any) -> Any:
     c = model.config
     return c.get_text_config() if hasattr(c, "get_text_config") else c
@@ -171,7 +178,7 @@ def hf_identity(model: Any) -> dict[str, Any]:
     d_model = getattr(c, "hidden_size", None) or c.n_embd
     known = _SOURCES.get(model, {})
     return {
-        "name": known.get("name", getattr(c, "_name_or_path", "") or type(model).__name__),
+        "name": hf_name(model),
         "architecture": hf_architecture(model),
         "n_layers": getattr(c, "num_hidden_layers", None) or c.n_layer,
         "n_heads": n_heads,

@@ -196,12 +196,15 @@ def _digest(matrices: list[Tensor]) -> str:
     return h.hexdigest()
 
 
-def _memo(model: Any, matrices) -> str:
+def _memo(model: Any, matrices) -> str | None:
     known = _DIGESTS.get(model)
     stamp = _stamp(model)
     if known is not None and known[0] == stamp:
         return known[1]
-    digest = _digest(matrices())
+    mats = matrices()
+    if any(m.is_meta for m in mats):  # weights offloaded to disk by accelerate: not read here
+        return None
+    digest = _digest(mats)
     _DIGESTS[model] = (stamp, digest)
     return digest
 
@@ -212,7 +215,7 @@ def _out_weight(proj: Any) -> Tensor:
     return proj.weight if isinstance(proj, torch.nn.Linear) else proj.weight.T
 
 
-def hf_weights_digest(hf_model: Any) -> str:
+def hf_weights_digest(hf_model: Any) -> str | None:
     """``weights_digest`` of a transformers model: its attention output projections and unembedding."""
     from .hf import output_projections
 
@@ -223,13 +226,14 @@ def hf_weights_digest(hf_model: Any) -> str:
     return _memo(hf_model, matrices)
 
 
-def weights_digest(model: Model) -> str:
+def weights_digest(model: Model) -> str | None:
     """A digest of the weights that tells two models apart on either engine or in transformers.
 
     It covers every layer's attention output projection, as (d_model, head d_head), and the
     unembedding, as (d_vocab, d_model): the weights SITE's injection passes through, and those
     no engine rescales when it loads a model without processing (HookedTransformer scales
     Gemma's embedding). A base model and its fine-tune, or two random inits, differ here.
+    None where accelerate has offloaded weights to disk (they are not read for a digest).
     """
     if is_bridge(model):
 
