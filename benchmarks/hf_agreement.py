@@ -1,4 +1,4 @@
-"""site_lens.hf against the TransformerLens path: how many of 50 greedy generations agree, batched and one by one.
+"""site_lens.models.hf against the TransformerLens path: how many of 50 greedy generations agree, batched and one by one.
 
     .venv/bin/python benchmarks/hf_agreement.py smollm2-135m   # or gemma-3-270m
 

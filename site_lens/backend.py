@@ -10,6 +10,9 @@ row per step. Two backends do that with the same results:
   TransformerLens KV cache. Every hook fires; this is the reference.
 * ``PackedBackend``: ``lasttoken.LastToken``, the same computation from packed
   weights without the hook machinery (several times faster on CPU).
+* ``BridgeBackend``: a TransformerBridge (``models.engines``), every hook firing;
+  it keeps the prefix tokens and runs them again with the last token(s), and
+  generates without a KV cache. The packed path does not pack bridges yet.
 
 ``backend_for(model)`` chooses once per model (and again when its weights
 change): packed only for architectures on ``PACKED_ARCHITECTURES``, the ones
@@ -30,7 +33,6 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from jaxtyping import Float, Int
@@ -38,8 +40,9 @@ from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
 
+from .bridge_backend import BridgeBackend, BridgeDecoder
 from .gate import Hooks, injection_hooks
-from .lasttoken import DecodeCache, LastToken, Prefix, unsupported
+from .lasttoken import DecodeCache, LastToken, Prefix, check_rows, unsupported
 from .models.engines import Model, architecture, is_bridge
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,14 @@ def last_logits(
     )[:, 0]
 
 
+def hooked_prefill(
+    model: Model, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks
+) -> tuple[Tensor, TransformerLensKeyValueCache]:
+    """Right-padded prompts through the hooked model into a new TransformerLens cache; logits at ``last``."""
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
+    return last_logits(model, tokens, last, hooks=hooks, attention_mask=mask, past_kv_cache=cache), cache
+
+
 def _hooks_attached(model: Model) -> bool:
     return any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values())
 
@@ -150,7 +161,7 @@ class HookedBackend:
     ) -> Float[Tensor, "batch d_vocab"]:
         """Logits of the token after each row's prefix (see ``LastToken.logits`` for the arguments)."""
         B = tokens.shape[0]
-        _check_rows(B, prefix, alpha)
+        check_rows(B, prefix, alpha)
         hooks: Hooks = []
         if alpha is not None and t is not None:
             hooks += injection_hooks(self.model, t, alpha, 0)
@@ -170,7 +181,7 @@ class HookedBackend:
     ) -> Float[Tensor, "batch n d_vocab"]:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
         B = tokens.shape[0]
-        _check_rows(B, prefix, alpha)
+        check_rows(B, prefix, alpha)
         hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
         cache = self.frozen_cache(prefix, B)
         return self.model.run_with_hooks(
@@ -181,54 +192,10 @@ class HookedBackend:
         """Greedy decode steps after a prefill into ``cache`` (TransformerLens's own cache)."""
         return HookedDecoder(self.model, cache)
 
-
-class BridgeBackend:
-    """A TransformerBridge: each call runs the prefix tokens again with the last token(s); every hook fires.
-
-    The prefix is kept as tokens (``Prefix.tokens``), so the results are the full forward's by
-    construction, on any architecture the bridge runs. Generation re-runs the sequence each step
-    (``inject``'s uncached path), injecting at the same absolute positions.
-    """
-
-    name = "bridge"
-    kv_cache = False
-
-    def __init__(self, model, reason: str = ""):
-        self.model, self.reason = model, reason
-
-    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
-        """The prefix tokens themselves."""
-        return Prefix([], [], tokens)
-
-    def _run(self, tokens: Tensor, prefix: Prefix, hooks: Hooks) -> Tensor:
-        B, P = tokens.shape[0], prefix.length
-        full = torch.cat((prefix.tokens.expand(B, -1), tokens), 1)  # (batch, P + n)
-        with self.model.hooks(fwd_hooks=list(hooks)):
-            return self.model(full)[:, P:]  # (batch, n, d_vocab)
-
-    def logits(self, tokens, prefix, alpha=None, t=None, resid_edits=None) -> Tensor:
-        """Logits of the token after each row's prefix (see ``LastToken.logits`` for the arguments)."""
-        B, P = tokens.shape[0], prefix.length
-        _check_rows(B, prefix, alpha)
-        hooks: Hooks = []
-        if alpha is not None and t is not None:
-            hooks += injection_hooks(self.model, t, alpha, P)
-        for layer, edit in (resid_edits or {}).items():
-            hooks.append((get_act_name("resid_pre", layer), partial(_edit_at, edit=edit, pos=P)))
-        return self._run(tokens[:, None], prefix, hooks)[:, 0]
-
-    def span_logits(self, tokens, prefix, alpha=None, t=None) -> Tensor:
-        """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
-        _check_rows(tokens.shape[0], prefix, alpha)
-        hooks = injection_hooks(self.model, t, alpha, prefix.length) if alpha is not None and t is not None else []
-        return self._run(tokens, prefix, hooks)
-
-
-def _edit_at(resid: Tensor, hook, edit: Callable[[Tensor], Tensor], pos: int) -> Tensor:
-    """``edit`` applied to every row's residual at position ``pos``."""
-    out = resid.clone()
-    out[:, pos] = edit(resid[:, pos])
-    return out
+    def prefill(self, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks, max_new: int) -> tuple[Tensor, Decoder]:
+        """(logits at each row's last prompt token, a decoder): the hooked model fills TransformerLens's cache."""
+        logits, cache = hooked_prefill(self.model, tokens, mask, last, hooks)
+        return logits, (self.decoder(cache, mask, max_new) if max_new > 1 else None)
 
 
 class PackedBackend:
@@ -272,6 +239,17 @@ class PackedBackend:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
         return self.runner.span_logits(tokens, prefix, alpha, t)
 
+    def prefill(self, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks, max_new: int) -> tuple[Tensor, Decoder]:
+        """(logits at each row's last prompt token, a decoder): the hooked prefill, packed decode steps after it."""
+        logits, cache = hooked_prefill(self.model, tokens, mask, last, hooks)
+        return logits, (self.decoder(cache, mask, max_new) if max_new > 1 else None)
+
+    @property
+    def model(self) -> Model:
+        model = self._model()
+        assert model is not None, "the model is gone"
+        return model
+
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
         """Greedy decode steps from packed weights, taking over the prefilled TransformerLens cache."""
         runner = self.runner
@@ -279,13 +257,6 @@ class PackedBackend:
 
 
 Backend = HookedBackend | PackedBackend | BridgeBackend
-
-
-def _check_rows(batch: int, prefix: Prefix, alpha: Tensor | None) -> None:
-    if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != batch:
-        raise ValueError(f"alpha has {alpha.shape[0]} rows for {batch} tokens")
-    if prefix.rows not in (1, batch):
-        raise ValueError(f"prefix has {prefix.rows} rows for {batch} tokens")
 
 
 # ---------------------------------------------------------------- decoding
@@ -324,7 +295,7 @@ class PackedDecoder:
         return out
 
 
-Decoder = HookedDecoder | PackedDecoder
+Decoder = HookedDecoder | PackedDecoder | BridgeDecoder
 
 
 # ---------------------------------------------------------------- choosing, once per model

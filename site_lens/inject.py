@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from .backend import PackedBackend, backend_for, last_logits
 from .gate import HookFactory, injection_hooks
@@ -79,13 +78,11 @@ def _finish(gen: list[list[int]], nxt: Tensor, done: Tensor, stop: set[int]) -> 
 def _generate_cached(model, batch, max_new, prefill_hooks, stop, backend=None):
     device = model.cfg.device
     tokens, mask, last = pad_right(batch, pad_id(model), device)
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, len(batch))
     hooks = prefill_hooks(last) if prefill_hooks else []
-    logits = last_logits(model, tokens, last, hooks=hooks, attention_mask=mask, past_kv_cache=cache)
+    logits, decoder = backend_for(model, backend).prefill(tokens, mask, last, hooks, max_new)
     logits0 = logits
     gen: list[list[int]] = [[] for _ in batch]
     done = torch.zeros(len(batch), dtype=torch.bool)
-    decoder = backend_for(model, backend).decoder(cache, mask, max_new) if max_new > 1 else None
     nxt = logits.argmax(-1)  # (batch,)
     for step in range(max_new):
         _finish(gen, nxt, done, stop)

@@ -78,7 +78,10 @@ def unsupported(model: Model) -> str | None:
         ((getattr(c, "attn_scores_soft_cap", -1.0) or -1.0) > 0, "attention soft cap"),
         ((getattr(c, "output_logits_soft_cap", -1.0) or -1.0) > 0, "logit soft cap"),
         (getattr(c, "clip_qkv", None) is not None, "Q/K/V clipping"),
-        (any(q is not None and (kind(q) != "RMSNorm" or q.w.shape[-1] != c.d_head) for q in qk), "Q/K norm not per head"),
+        (
+            any(q is not None and (kind(q) != "RMSNorm" or q.w.shape[-1] != c.d_head) for q in qk),
+            "Q/K norm not per head",
+        ),
         (getattr(c, "use_dynamic_ntk_rope", False) or getattr(c, "use_logn_attn", False), "dynamic rotary scaling"),
         (
             any(a != "global" for a in (c.attn_types or [])) and not isinstance(c.window_size, int),
@@ -129,6 +132,14 @@ class Prefix:
             [torch.cat([p.values[i] for p in parts]) for i in range(n)],
             toks,
         )
+
+
+def check_rows(batch: int, prefix: Prefix, alpha: Tensor | None) -> None:
+    """ValueError unless ``alpha`` and ``prefix`` have one row or ``batch`` rows."""
+    if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != batch:
+        raise ValueError(f"alpha has {alpha.shape[0]} rows for {batch} tokens")
+    if prefix.rows not in (1, batch):
+        raise ValueError(f"prefix has {prefix.rows} rows for {batch} tokens")
 
 
 @dataclass
@@ -208,7 +219,8 @@ class LastToken:
         return dict(
             # the pre-norms' weights are folded into the matrices after them: rms(x) * w @ W = rms(x) @ (w[:, None] W)
             eps1=block.ln1.eps,
-            w_qkv=block.ln1.w[:, None] * torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1),  # (d_model, (h + 2 kv) d_head)
+            w_qkv=block.ln1.w[:, None]
+            * torch.cat([heads_in(a.W_Q), heads_in(w_k), heads_in(w_v)], 1),  # (d_model, (h + 2 kv) d_head)
             b_qkv=_nonzero(torch.cat([a.b_Q.reshape(-1), b_k.reshape(-1), b_v.reshape(-1)])),
             w_o=a.W_O.reshape(-1, a.W_O.shape[-1]).contiguous(),  # (head d_head, d_model)
             b_o=_nonzero(a.b_O),
@@ -334,7 +346,9 @@ class LastToken:
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} spans")
         self._cover(P + n)
         if P + n > self.layers[0]["cos"].shape[0]:
-            raise ValueError(f"a span ending at position {P + n - 1} is past the model's context ({self.model.cfg.n_ctx})")
+            raise ValueError(
+                f"a span ending at position {P + n - 1} is past the model's context ({self.model.cfg.n_ctx})"
+            )
         resid = self.model.W_E[tokens].reshape(B * n, -1)  # (batch n, d_model)
         gated = alpha is not None and t is not None
         if gated:
@@ -356,7 +370,9 @@ class LastToken:
             seen = k_pos <= q_pos  # (n, P + n)
             if w["window"] is not None:
                 seen = seen & (k_pos > q_pos - w["window"])
-            z = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen.repeat(H // KV, 1), scale=1.0 / w["scale"])
+            z = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=seen.repeat(H // KV, 1), scale=1.0 / w["scale"]
+            )
             z = z.view(B, KV, H // KV, n, D).permute(0, 3, 1, 2, 4).reshape(B, n, H, D)
             if gated:  # SITE's gate at the first token only
                 z = torch.cat((AlphaGate.mix(z[:, 0], ts[i], alphas[i])[:, None], z[:, 1:]), 1)
@@ -382,7 +398,12 @@ class LastToken:
         return (torch.arange(pos + 1, device=device) > pos - window)[None]  # (1, P + 1), broadcast over rows, heads
 
     def _qkv(
-        self, resid: Tensor, w: dict, cos: Tensor | None = None, sin: Tensor | None = None, rotation: Tensor | None = None
+        self,
+        resid: Tensor,
+        w: dict,
+        cos: Tensor | None = None,
+        sin: Tensor | None = None,
+        rotation: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The token's q (batch, kv, group, d_head), k and v (batch, kv, 1, d_head); q and k normed and rotated.
 
@@ -409,7 +430,6 @@ class LastToken:
         h = _bias(w["act"](gate) * up, w["b_in"])
         down = _bias(matmul(h, w["w_out"]), w["b_out"]) if self.rows else F.linear(h, w["w_out"], w["b_out"])
         return _maybe_rms(down, w["ln2_post"])
-
 
     # ------------------------------------------------------------ greedy decoding
 

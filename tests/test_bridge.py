@@ -162,3 +162,19 @@ def test_every_method_fits_and_scores_on_the_bridge(arch, tmp_path):
         m.fit(model, task, 0, ctx)
         r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
         assert r["n"] == 2 and 0 <= r["exact_match"] <= 1, name
+
+
+def test_kv_cache_path_equals_the_full_forward(bridge):
+    """Prefixes in the Hugging Face cache (explicit positions and masks) give the full forward's logits;
+    the embedded models' architectures take that path."""
+    from site_lens.bridge_backend import PROBE_TOL, BridgeBackend, probe_error
+
+    be = BridgeBackend(bridge)
+    if engines.architecture(bridge) in ("LlamaForCausalLM", "Gemma3ForCausalLM"):
+        assert be.cached and be.kv_cache
+    if be.cached:
+        assert probe_error(bridge) <= PROBE_TOL
+    else:  # the re-run path is the full forward by construction
+        toks = torch.tensor([encode(bridge, ["Q: hot\nA:"])[0]])
+        got = be.logits(toks[:, -1], be.prefix(toks[:, :-1]))
+        assert torch.allclose(got, bridge(toks)[:, -1], atol=1e-5)
