@@ -30,9 +30,17 @@ _load = models.load_model
 
 
 def _load_model(name, **kw):
-    from helpers import tiny
+    """``tiny``: the tiny HookedTransformer, or on TransformerLens 4 a tiny Llama bridge."""
+    from helpers import char_tokenizer, tiny
 
-    return tiny(n_ctx=256) if name == "tiny" else _load(name, **kw)
+    from site_lens.models.bridge import tiny_bridge
+    from site_lens.models.engines import HOOKED
+
+    if name != "tiny":
+        return _load(name, **kw)
+    if HOOKED is None or kw.get("engine") == "bridge":
+        return tiny_bridge("llama", char_tokenizer(), name="tiny", max_position_embeddings=256)
+    return tiny(n_ctx=256)
 
 
 models.load_model = _load_model

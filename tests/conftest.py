@@ -26,18 +26,23 @@ def model():
     return tiny()
 
 
+def _hooked_embedded(name: str):
+    from site_lens import load_model
+    from site_lens.models.engines import HOOKED
+
+    if HOOKED is None:
+        pytest.skip("pins the HookedTransformer engine's numbers on the embedded model (TransformerLens 3.x)")
+    return load_model(name, engine="hooked")
+
+
 @pytest.fixture(scope="session")
 def smollm():
-    from site_lens import load_model
-
-    return load_model("smollm2-135m")
+    return _hooked_embedded("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def gemma():
-    from site_lens import load_model
-
-    return load_model("gemma-3-270m")
+    return _hooked_embedded("gemma-3-270m")
 
 
 @pytest.fixture

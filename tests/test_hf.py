@@ -6,7 +6,10 @@ import random
 
 import pytest
 import torch
-from helpers import char_tokenizer
+from helpers import (
+    char_tokenizer,
+    needs_hooked,
+)
 
 from site_lens.gate import injection_hooks
 from site_lens.inject import generate_greedy
@@ -14,6 +17,8 @@ from site_lens.io import Adapter, AdapterError
 from site_lens.models import hf, model_identity
 from site_lens.models.convert import ModelError, hooked_from_hf
 from site_lens.tokens import encode, generation_stop_ids
+
+pytestmark = needs_hooked("plain transformers is compared with its conversion")
 
 
 def _tiny_hf(seed: int = 0, layers: int = 3):

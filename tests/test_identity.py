@@ -5,11 +5,14 @@ import gc
 
 import pytest
 import torch
+from helpers import needs_hooked
 
 from site_lens.io import Adapter, AdapterError
 from site_lens.models.convert import PROCESSING_FLAGS, ModelError, new_hooked
 from site_lens.models.identity import detect_processing, model_identity, register
 from site_lens.models.tiny import build_cfg, tiny_model
+
+pytestmark = needs_hooked("weight-processing detection reads its weights")
 
 # a GPT-2-like LayerNorm model (the default tiny model is Llama-like: RMS, rotary, GQA)
 LN = dict(
@@ -112,7 +115,9 @@ def test_folded_value_biases_are_ambiguous_unless_told():
         model_identity(model)
     assert "\n" not in str(e.value)
     assert model_identity(model, {"fold_value_biases": True})["processing"] == {
-        **PROCESSING_FLAGS, **DEFAULTS, "fold_value_biases": True
+        **PROCESSING_FLAGS,
+        **DEFAULTS,
+        "fold_value_biases": True,
     }
     register(model, "mine", processing={"fold_value_biases": True})  # once, for fit_site and friends
     assert model_identity(model)["processing"]["fold_value_biases"] is True

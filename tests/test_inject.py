@@ -1,4 +1,5 @@
 import torch
+from helpers import needs_hooked
 
 from site_lens.backend import last_logits
 from site_lens.gate import gate_hook, injection_hooks, z_names
@@ -113,6 +114,7 @@ def test_generation_stops_at_stop_ids(model):
     assert out2[0] == out[0][: out[0].index(out[0][2]) + 1]
 
 
+@needs_hooked("its weight layout")
 def test_fast_layout_is_bit_identical():
     from helpers import char_tokenizer
 

@@ -4,6 +4,7 @@ import contextlib
 
 import pytest
 import torch
+from helpers import needs_hooked
 
 from site_lens import kernels
 from site_lens.backend import PackedBackend, backend_for, last_logits, logits_at, use_backend
@@ -430,6 +431,7 @@ def test_runner_packed_while_weights_require_grad_trains_and_leaves_them_alone()
     assert theta.grad is not None and theta.grad.abs().sum() > 0
 
 
+@needs_hooked("its rotary tables")
 def test_packed_path_past_transformer_lens_initial_rotary_table(monkeypatch):
     # TransformerLens starts with 2,048 rotary rows and grows them on demand; the packed
     # copies must follow (a 10-shot squad_val prompt crashed at position 2,048)

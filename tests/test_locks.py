@@ -15,7 +15,6 @@ from small import bench_cmd, write_task_dir
 from site_lens import bench, locks
 from site_lens.config import ConfigError
 from site_lens.locks import Locks, owner_tag, temp_is_orphan
-from site_lens.models.engines import HOOKED
 
 
 def _dead_pid() -> int:
@@ -196,7 +195,6 @@ def _printed(text: str) -> list[tuple[str, str]]:
     return [tuple(line.split()[:2]) for line in text.splitlines() if " first-tok " in line]
 
 
-@pytest.mark.skipif(HOOKED is None, reason="its bench processes run the tiny HookedTransformer")
 def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_killed(tmp_path):
     data = write_task_dir(tmp_path / "data")
     out, ref = tmp_path / "out", tmp_path / "ref"

@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from helpers import needs_hooked
 
 import site_lens as sl
 from site_lens import teaching
@@ -218,6 +219,7 @@ def test_fallback_and_reference():
 
 
 @pytest.mark.slow
+@needs_hooked("the teaching notebook's tiny model")
 def test_notebook_with_solutions_passes_every_check(nb, solutions, monkeypatch):
     from nbclient import NotebookClient
 
