@@ -178,3 +178,39 @@ def test_kv_cache_path_equals_the_full_forward(bridge):
         toks = torch.tensor([encode(bridge, ["Q: hot\nA:"])[0]])
         got = be.logits(toks[:, -1], be.prefix(toks[:, :-1]))
         assert torch.allclose(got, bridge(toks)[:, -1], atol=1e-5)
+
+
+@needs_hooked
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_method_fitted_on_either_engine_gives_the_same_logits(arch, tmp_path):
+    """Each method fitted with the same seed on the HookedTransformer and on the bridge of the same weights
+    (norm gains perturbed, so Gemma's (1 + w) norms matter) moves the logits identically."""
+    from small import SMALL_EMBEDDING, small_methods, write_task_dir
+
+    from site_lens.backend import last_logits
+    from site_lens.methods import TaskContext
+    from site_lens.models.convert import hooked_from_hf
+
+    hf = tiny_hf(arch, char_tokenizer())
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    twin = tiny_hf(arch, char_tokenizer())
+    twin.load_state_dict(hf.state_dict())
+    models = {"hooked": hooked_from_hf(hf, char_tokenizer()), "bridge": bridge_from_hf(twin, char_tokenizer())}
+    task = load_task("upper", data_dir=write_task_dir(tmp_path))
+    toks = torch.tensor([encode(models["hooked"], ["Q: k\nA:"])[0]])
+    last = torch.tensor([toks.shape[1] - 1])
+    for name, make in small_methods().items():
+        out = []
+        for model in models.values():
+            torch.manual_seed(0)
+            m = make()
+            m.fit(model, task, 0, TaskContext(task, 0, SMALL_EMBEDDING))
+            hooks = list(m.persistent_hooks(model))
+            prefill = m.prefill_hooks(model)
+            hooks += prefill(last) if prefill is not None else []
+            with torch.no_grad():
+                out.append(last_logits(model, toks, last, hooks=hooks)[0])
+        assert torch.allclose(out[0], out[1], atol=1e-4), (name, (out[0] - out[1]).abs().max())

@@ -29,7 +29,7 @@ from transformer_lens.utilities import get_act_name
 
 from ..cie import causal_indirect_effect
 from ..gate import HookFactory
-from ..models.engines import Model
+from ..models.engines import Model, norm_gain
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
 
@@ -48,9 +48,7 @@ def post_attn_norms(model: Model) -> list[torch.nn.Module | None]:
     return [n if hasattr(n, "hook_scale") else None for n in norms]  # an Identity changes nothing
 
 
-def mean_inv_post_scale(
-    model: Model, prompts: Sequence[str], batch_size: int = 10
-) -> Float[Tensor, " layer"]:
+def mean_inv_post_scale(model: Model, prompts: Sequence[str], batch_size: int = 10) -> Float[Tensor, " layer"]:
     """Per layer, 1 / the post-attention norm's scale at the last token, averaged over prompts (1 where no norm)."""
     norms = post_attn_norms(model)
     layers = [layer for layer, n in enumerate(norms) if n is not None]
@@ -78,7 +76,7 @@ def function_vector(
         if norm is not None:
             if inv_scale is None:
                 raise ValueError(f"layer {layer} has a post-attention norm: pass inv_scale (mean_inv_post_scale)")
-            out = out * norm.w.detach().float().cpu() * inv_scale[layer]
+            out = out * norm_gain(model, norm).detach().float().cpu() * inv_scale[layer]
         v += out
     return v
 

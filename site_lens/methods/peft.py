@@ -26,15 +26,17 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from ..gate import Hooks
-from ..models.engines import Model
+from ..models.engines import Model, norm_gain
 from ..tasks import Task
 from .base import Method, TaskContext, TrainConfig, method_seed, train_params, train_valid_examples
 
 
-def capture_hook(x: Tensor, hook: HookPoint, store: dict[str, Tensor], ln: nn.Module) -> None:
-    """Store the norm's output (``hook_normalized`` times its weight, plus bias)."""
-    out = x * ln.w if hasattr(ln, "w") else x
-    store["x"] = out + ln.b if hasattr(ln, "b") else out
+def capture_hook(
+    x: Tensor, hook: HookPoint, store: dict[str, Tensor], gain: Tensor | None, bias: Tensor | None
+) -> None:
+    """Store the norm's output (``hook_normalized`` times its gain, plus bias)."""
+    out = x * gain if gain is not None else x
+    store["x"] = out + bias if bias is not None else out
 
 
 def lora_hook(
@@ -110,8 +112,11 @@ class LoRA(_Adapted):
         for layer in range(model.cfg.n_layers):
             store: dict[str, Tensor] = {}
             aq, bq, av, bv = self.params[4 * layer : 4 * layer + 4]
+            ln = model.blocks[layer].ln1
+            gain = norm_gain(model, ln) if hasattr(ln, "w") else None
+            bias = getattr(ln, "b", None)
             hooks += [
-                (f"blocks.{layer}.ln1.hook_normalized", partial(capture_hook, store=store, ln=model.blocks[layer].ln1)),
+                (f"blocks.{layer}.ln1.hook_normalized", partial(capture_hook, store=store, gain=gain, bias=bias)),
                 (f"blocks.{layer}.attn.hook_q", partial(lora_hook, store=store, a=aq, b=bq, scale=scale)),
                 (f"blocks.{layer}.attn.hook_v", partial(lora_hook, store=store, a=av, b=bv, scale=scale)),
             ]

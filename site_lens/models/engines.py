@@ -89,3 +89,12 @@ def architecture(model: Any) -> str:
     """The Hugging Face architecture name (``LlamaForCausalLM``, ...) on either engine."""
     c = model.cfg
     return getattr(c, "original_architecture", None) or getattr(c, "architecture", None) or type(model).__name__
+
+
+def norm_gain(model: Any, norm: Any) -> Any:
+    """What a norm multiplies its normalized input by: ``w``, plus one where the bridge keeps Gemma's raw
+    weight (its RMSNorm computes ``(1 + w) x / rms``; HookedTransformer folds the one into ``w``)."""
+    w = norm.w
+    if is_bridge(model) and getattr(model.cfg, "rmsnorm_uses_offset", False):
+        w = w + 1
+    return w
