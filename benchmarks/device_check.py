@@ -12,6 +12,11 @@ For each embedded model, with a task embedding of uppercase and a seeded random 
   each backend: how many equal the CPU's token for token;
 * **training-step time**: the median of 30 batch-1 first-token steps (forward and backward to
   theta) on the device with each backend and on CPU with the packed one;
+* **the bridge engine** (TransformerBridge): on the device, last-token logits, generations and the
+  training-step time as above; then split by ``load_model(..., engine="bridge", device_map=...)``
+  with the first half of the layers (and the embedding, final norm and unembedding) on the device
+  and the second half on the CPU: a SITE step (t and alpha follow each layer's device) and how many
+  of the 50 generations equal the CPU's;
 * **the Hugging Face path** (``site_lens.models.hf``) dispatched by accelerate with the first half of
   the layers (and the embedding, final norm and unembedding) on the device and the second half on
   the CPU: once run there, so activations cross devices both ways, and once offloaded
@@ -143,6 +148,50 @@ def tl_checks(name: str, device: str, report: dict) -> None:
     report["step_s"]["cpu_packed_reference"] = step_seconds(cpu_packed, theta, t, 30, "cpu")
 
 
+def split_map(name: str, device: str) -> dict[str, str]:
+    """First half of the layers (and everything but the layers) on ``device``, the second half on the CPU."""
+    model, _ = hf.load_hf_model(name)
+    n = len(model.model.layers)
+    device_map = {f"model.{k}": device for k, _ in model.model.named_children() if k != "layers"}
+    device_map |= {f"model.layers.{i}": device if i < n // 2 else "cpu" for i in range(n)}
+    device_map["lm_head"] = device  # tied to the embedding on both models: kept with it
+    return device_map
+
+
+def bridge_checks(name: str, device: str, tl: tuple, report: dict) -> None:
+    """The bridge engine on the device, and split between the device and the CPU by a device_map."""
+    cpu, t, theta, texts, base = tl
+    alpha = torch.sigmoid(theta)
+    task = sl.load_task("uppercase")
+    first = objective_examples(cpu, task, "train", "first_token")[:32]
+    want = logits_of(PromptCache(cpu, first, backend=backend_for(cpu, "hooked")), len(first), alpha, t)
+    toks = encode(cpu, texts)
+    rep = report.setdefault("bridge", {})
+    for placement in ("device", "split"):
+        try:
+            if placement == "device":
+                model = sl.load_model(name, engine="bridge", device=device)
+            else:
+                model = sl.load_model(name, engine="bridge", device_map=split_map(name, device))
+                rep["split_devices"] = sorted({str(p.device) for p in model.parameters()})
+            dev = next(model.parameters()).device
+            t_dev, alpha_dev = t.to(dev), alpha.to(dev)
+            cache = PromptCache(model, first, backend=backend_for(model))
+            rep[f"{placement}_backend"] = backend_for(model).reason
+            rep[f"{placement}_logits_rel_err"] = rel_err(logits_of(cache, len(first), alpha_dev, t_dev), want)
+            gen, _ = generate_greedy(
+                model,
+                toks,
+                max_new_tokens=8,
+                prefill_hooks=lambda last, m=model: injection_hooks(m, t_dev, alpha_dev, last),
+            )
+            rep[f"{placement}_generations_equal_to_cpu"] = f"{sum(a == b for a, b in zip(gen, base))} of {len(base)}"
+            rep[f"{placement}_step_s"] = step_seconds(cache, theta, t_dev, 30, device)
+            del model
+        except Exception:  # a check script: record the failure and go on
+            rep[f"{placement}_error"] = traceback.format_exc(limit=8)
+
+
 def hf_checks(name: str, device: str, tl: tuple, report: dict) -> None:
     """Two placements: layers split between the device and the CPU (main_device="cpu", so the CPU
     layers run on the CPU and activations cross devices), and accelerate's default for the same map,
@@ -188,6 +237,7 @@ def main() -> None:
         result[name] = rep
         for part, fn in (
             ("tl", lambda: tl_checks(name, args.device, rep)),
+            ("bridge", lambda: bridge_checks(name, args.device, rep["_tl"], rep)),
             ("hf", lambda: hf_checks(name, args.device, rep["_tl"], rep)),
         ):
             t0 = time.perf_counter()

@@ -188,6 +188,15 @@ class HookedBackend:
             tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, fwd_hooks=hooks
         )
 
+    def run(self, tokens: Int[Tensor, "batch n"], prefix: Prefix, hooks: Hooks) -> Float[Tensor, "batch n d_vocab"]:
+        """Logits of n tokens after each row's prefix, with ``hooks`` (positions counted from the first new token)."""
+        B, n = tokens.shape
+        positions = torch.arange(n, device=tokens.device).expand(B, -1)
+        cache = self.frozen_cache(prefix, B)
+        return logits_at(
+            self.model, tokens, positions, hooks=hooks, attention_mask=torch.ones_like(tokens), past_kv_cache=cache
+        )
+
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
         """Greedy decode steps after a prefill into ``cache`` (TransformerLens's own cache)."""
         return HookedDecoder(self.model, cache)

@@ -204,12 +204,13 @@ class BridgeBackend:
 
 
 def _shifted(fn: Callable, offset: int) -> Callable:
-    """A hook written for the new tokens' positions, run on the prefix and them together (positions + offset)."""
+    """A hook written for the new tokens' positions, run on the prefix and them together (positions + offset);
+    a hook bound to no position (a persistent one: LoRA, (IA)3) is taken as it is."""
     inner = getattr(fn, "keywords", {})
     if isinstance(fn, partial) and "pos" in inner:
         pos = inner["pos"]
         return partial(fn.func, *fn.args, **{**inner, "pos": pos + offset})
-    raise ValueError("an uncached bridge call takes only hooks bound to a position (gate_hook, resid edits)")
+    return fn  # a hook bound to no position acts on every position, the prefix's too, as it did there
 
 
 class BridgeDecoder:

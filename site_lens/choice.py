@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .backend import HookedBackend, logits_at
+from .backend import backend_for, logits_at
 from .gate import HookFactory, Hooks
 from .models.engines import Model
 from .tokens import answer_ids, check_context, encode, pad_id, pad_right
@@ -40,7 +40,7 @@ def option_logprobs(
     if len(prompts) != len(options):
         raise ValueError(f"{len(prompts)} prompts but {len(options)} option lists")
     device = model.cfg.device
-    hooked = HookedBackend(model)
+    reference = backend_for(model, "hooked")  # every hook fires (the bridge's backend on a TransformerBridge)
     out: list[list[float]] = []
     for prompt, opts in zip(prompts, options):
         p = encode(model, [prompt])[0]
@@ -49,20 +49,16 @@ def option_logprobs(
         spans = [[p[-1], *c[:-1]] for c in conts]  # the last option token is predicted, never input
         tokens, _, _ = pad_right(spans, pad_id(model), device)  # pads come after every position read
         rows = len(spans)
-        cache = None
+        at_last = prefill(torch.zeros(rows, dtype=torch.long, device=device)) if prefill else []
         if len(p) > 1:
             with model.hooks(fwd_hooks=list(hooks)):
-                cache = hooked.frozen_cache(hooked.prefix(torch.tensor([p[:-1]], device=device)), rows)
-        at_last = prefill(torch.zeros(rows, dtype=torch.long, device=device)) if prefill else []
-        positions = torch.arange(tokens.shape[1], device=device).expand(rows, -1)
-        logits = logits_at(
-            model,
-            tokens,
-            positions,
-            hooks=[*hooks, *at_last],
-            attention_mask=torch.ones_like(tokens),
-            past_kv_cache=cache,
-        )
+                prefix = reference.prefix(torch.tensor([p[:-1]], device=device))
+            logits = reference.run(tokens, prefix, [*hooks, *at_last])
+        else:
+            positions = torch.arange(tokens.shape[1], device=device).expand(rows, -1)
+            logits = logits_at(
+                model, tokens, positions, hooks=[*hooks, *at_last], attention_mask=torch.ones_like(tokens)
+            )
         logp = logits.float().log_softmax(-1)  # (option, span, d_vocab)
         out.append(
             [

@@ -214,3 +214,78 @@ def test_every_method_fitted_on_either_engine_gives_the_same_logits(arch, tmp_pa
             with torch.no_grad():
                 out.append(last_logits(model, toks, last, hooks=hooks)[0])
         assert torch.allclose(out[0], out[1], atol=1e-4), (name, (out[0] - out[1]).abs().max())
+
+
+def test_a_split_device_map_and_a_float64_layer(tmp_path):
+    """``load_model(folder, engine="bridge", device_map=...)`` takes an explicit per-module map (one device
+    here: a real split is in benchmarks/device_check.py); a layer kept in float64 inside a float32 model gets
+    t and alpha in its own dtype; generation under the adapter matches the plain model."""
+    from site_lens.models import load_model
+
+    hf = tiny_hf("llama", char_tokenizer())
+    hf.config.architectures = ["LlamaForCausalLM"]
+    hf.save_pretrained(tmp_path / "tiny")
+    char_tokenizer().save_pretrained(tmp_path / "tiny")
+    split = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
+    split.update({"model.layers.1": "cpu", "model.norm": "cpu", "lm_head": "cpu"})
+    plain = load_model(str(tmp_path / "tiny"), engine="bridge")
+    mapped = load_model(str(tmp_path / "tiny"), engine="bridge", device_map=split)
+    assert model_identity(plain) == model_identity(mapped)
+    fit = fit_site(plain, load_task("antonym"), _cfg())
+    fit.adapter.check_model(model_identity(mapped))
+    prompts = encode(plain, PROMPTS)
+    want = generate_greedy(plain, prompts, max_new_tokens=4, prefill_hooks=lambda last: fit.adapter.hooks(plain, last))
+    got = generate_greedy(mapped, prompts, max_new_tokens=4, prefill_hooks=lambda last: fit.adapter.hooks(mapped, last))
+    assert got[0] == want[0] and torch.allclose(got[1], want[1], atol=1e-5)
+
+    mixed = load_model(str(tmp_path / "tiny"), engine="bridge")
+    layer = mixed.original_model.model.layers[1]
+    layer.to(torch.float64)
+    seen = []
+    cast_in = layer.register_forward_pre_hook(
+        lambda m, a, k: (tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x for x in a),
+                         {n: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for n, v in k.items()}),
+        with_kwargs=True,
+    )
+    cast_out = layer.register_forward_hook(lambda m, a, out: out.float() if torch.is_tensor(out) else out)
+
+    def grab(z, hook):
+        seen.append(z.dtype)
+        return z
+
+    with mixed.hooks(fwd_hooks=[("blocks.1.attn.hook_z", grab)]):
+        got = generate_greedy(mixed, prompts, max_new_tokens=4, prefill_hooks=lambda last: fit.adapter.hooks(mixed, last))
+    cast_in.remove()
+    cast_out.remove()
+    assert torch.float64 in seen
+    assert torch.allclose(got[1], want[1], atol=1e-4)
+
+
+@needs_hooked
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_option_scores_equal_across_engines_and_bridge_paths(arch):
+    from site_lens.bridge_backend import BridgeBackend
+    from site_lens.choice import option_logprobs
+    from site_lens.gate import injection_hooks
+    from site_lens.models.convert import hooked_from_hf
+
+    hf = tiny_hf(arch, char_tokenizer())
+    twin = tiny_hf(arch, char_tokenizer())
+    hooked, bridge = hooked_from_hf(hf, char_tokenizer()), bridge_from_hf(twin, char_tokenizer())
+    c = hooked.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    alpha = torch.rand(c.n_layers, c.n_heads)
+    prompts, options = ["Q: hot\nA:", "x"], [[" cold", " warm", " c"], [" y", " zz"]]
+    scores = [
+        option_logprobs(m, prompts, options, prefill=lambda pos, m=m: injection_hooks(m, t, alpha, pos))
+        for m in (hooked, bridge)
+    ]
+    for a, b in zip(*scores):
+        assert a == pytest.approx(b, abs=1e-4)
+    prefix = torch.tensor([encode(bridge, ["Q: hot\nA"])[0]])
+    toks = torch.tensor([[5, 6, 7]])
+    hooks = injection_hooks(bridge, t, alpha, 0)
+    cached, rerun = BridgeBackend(bridge, cached=True), BridgeBackend(bridge, cached=False)
+    got = cached.run(toks, cached.prefix(prefix), hooks)
+    want = rerun.run(toks, rerun.prefix(prefix), hooks)
+    assert torch.allclose(got, want, atol=1e-5)

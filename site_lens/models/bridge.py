@@ -77,9 +77,7 @@ def load_bridge(
     if device_map is None and device not in (None, "cpu"):
         device_map = {"": device}
     hf_model, tok = load_hf_model(name, dtype=dtype, device_map=device_map, cache_dir=cache_dir, **kwargs)
-    folder = getattr(hf_model.config, "_name_or_path", None)
-    folder = folder if folder and Path(folder).is_dir() else None
-    bridge = bridge_from_hf(hf_model, tok, folder, dtype=dtype)
+    bridge = bridge_from_hf(hf_model, tok, dtype=dtype)  # its config and tokenizer saved afresh: no hub lookups
     return bridge, source_of(hf_model).get("source_sha256")
 
 
