@@ -179,6 +179,7 @@ def hf_identity(model: Any) -> dict[str, Any]:
     known = _SOURCES.get(model, {})
     return {
         "name": hf_name(model),
+        "revision": getattr(model.config, "_commit_hash", None),
         "architecture": hf_architecture(model),
         "n_layers": getattr(c, "num_hidden_layers", None) or c.n_layer,
         "n_heads": n_heads,

@@ -166,8 +166,10 @@ def _identity(
             "d_model": c.d_model,
             "d_vocab": c.d_vocab,
         }
+    revision = getattr(model.original_model.config, "_commit_hash", None) if is_bridge(model) else None
     return {
         "name": name,
+        "revision": revision,  # the hub commit a bridge's weights came from, where transformers knows it
         **shape,
         "source_sha256": source,
         "weights_sha256": weights_digest(model),
