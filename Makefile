@@ -40,7 +40,7 @@ test: venv venv-tl4
 	$(MAKE) test-tl4
 
 test-tl4: venv-tl4
-	HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(TL4_TESTS)
+	HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS) $(TL4_TESTS)
 
 # PNG export (kaleido) drives a Chromium. `make chromium` installs Debian's when none is found
 # (needs root and apt-get); without one, figures are written as HTML only.

@@ -1,5 +1,5 @@
-"""Batch-1 alpha-training step per engine, side by side in one run: HookedTransformer (hooked backend),
-HookedTransformer (packed backend) and TransformerBridge, on an embedded model.
+"""Batch-1 alpha-training step per engine and backend, side by side in one run: HookedTransformer and
+TransformerBridge, each with its reference (every hook fires) and its packed backend, on an embedded model.
 
 One step is the first-token loss of one zero-shot prompt with SITE's gate at its last token, and its
 backward pass into theta (``AlphaTrainer.loss_fast``). Rounds alternate the engines; medians are printed.
@@ -51,17 +51,18 @@ def main() -> None:
     hooked = load_model(args.model)
     bridge = load_model(args.model, engine="bridge")
     runs = {
-        "hooked engine, hooked backend": (hooked, "hooked"),
-        "hooked engine, packed backend": (hooked, "packed"),
-        "bridge engine": (bridge, "auto"),
+        "HookedTransformer, hooked backend": (hooked, "hooked"),
+        "HookedTransformer, packed backend": (hooked, "packed"),
+        "TransformerBridge, bridge backend (KV cache)": (bridge, "hooked"),
+        "TransformerBridge, packed backend": (bridge, "packed"),
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.rounds):
         for name, (model, backend) in runs.items():
             times[name] += step_times(model, backend, args.steps)
-    base = statistics.median(times["hooked engine, hooked backend"])
+    base = statistics.median(times["HookedTransformer, hooked backend"])
     print(f"{args.model}, batch-1 alpha step (forward + backward), torch threads {torch.get_num_threads()}")
-    print("| engine, backend | median ms | vs HookedTransformer hooked |")
+    print("| engine, backend | median ms | vs HookedTransformer, hooked backend |")
     print("|---|---|---|")
     for name, ts in times.items():
         m = statistics.median(ts)

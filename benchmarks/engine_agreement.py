@@ -79,11 +79,13 @@ def main() -> None:
                     else:  # one stopped earlier (a stop token) where the other went on
                         gap = None
                     diffs.append({"prompt": i, "step": k, "gap": gap})
-                agree[engine] = {"identical": args.n - len(diffs), "differences": diffs}
+                agree[engine] = {"identical": len(ref) - len(diffs), "prompts": len(ref), "differences": diffs}
             rows[trained_on] = {"fit_seconds": round(fit_s, 1), "agreement": agree}
             for engine, a in agree.items():
                 gaps = ", ".join("stop" if d["gap"] is None else f"{d['gap']:.3g}" for d in a["differences"])
-                line = f"{name}: trained on {trained_on}, applied on {engine}: {a['identical']}/{args.n} identical"
+                line = (
+                    f"{name}: trained on {trained_on}, applied on {engine}: {a['identical']}/{a['prompts']} identical"
+                )
                 print(line + (f"; first-difference logit gaps: {gaps}" if gaps else ""))
         out["models"][name] = rows
         del engines, hf_model

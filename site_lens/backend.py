@@ -10,9 +10,11 @@ row per step. Two backends do that with the same results:
   TransformerLens KV cache. Every hook fires; this is the reference.
 * ``PackedBackend``: ``lasttoken.LastToken``, the same computation from packed
   weights without the hook machinery (several times faster on CPU).
-* ``BridgeBackend``: a TransformerBridge (``models.engines``), every hook firing;
-  it keeps the prefix tokens and runs them again with the last token(s), and
-  generates without a KV cache. The packed path does not pack bridges yet.
+* ``BridgeBackend`` (``bridge_backend``): a TransformerBridge (``models.engines``),
+  every hook firing, prefixes in a Hugging Face KV cache (checked once per model
+  against the full forward; re-run where that disagrees): a bridge's reference.
+  Its packed backend is ``LastToken`` packed from the transformers weights
+  (``bridge_pack.BridgePack``) for the architectures that covers.
 
 ``backend_for(model)`` chooses once per model (and again when its weights
 change): packed only for architectures on ``PACKED_ARCHITECTURES``, the ones
@@ -40,7 +42,9 @@ from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
 
-from .bridge_backend import BridgeBackend, BridgeDecoder
+from .bridge_backend import BridgeBackend, BridgeDecoder, attached, logits_at_positions
+from .bridge_backend import forget as forget_bridge
+from .bridge_backend import hook_points as bridge_points
 from .gate import Hooks, injection_hooks
 from .lasttoken import DecodeCache, LastToken, Prefix, check_rows, unsupported
 from .models.engines import Model, architecture, is_bridge
@@ -72,10 +76,8 @@ def logits_at(
     if is_bridge(model):
         if past_kv_cache is not None:
             raise ValueError("a TransformerBridge takes no TransformerLens KV cache")
-        with model.hooks(fwd_hooks=list(hooks)):
-            logits = model(tokens, attention_mask=attention_mask)  # (batch, pos, d_vocab)
-        rows = torch.arange(tokens.shape[0], device=logits.device)[:, None]
-        return logits[rows, positions.to(logits.device)]
+        with attached(model, list(hooks)):
+            return logits_at_positions(model, tokens, positions.to(tokens.device), attention_mask=attention_mask)
     with model.hooks(fwd_hooks=list(hooks)):
         resid = model(
             tokens, stop_at_layer=model.cfg.n_layers, attention_mask=attention_mask, past_kv_cache=past_kv_cache
@@ -115,7 +117,8 @@ def hooked_prefill(
 
 
 def _hooks_attached(model: Model) -> bool:
-    return any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values())
+    points = bridge_points(model) if is_bridge(model) else model.hook_dict  # a bridge rebuilds hook_dict per call
+    return any(hp._forward_hooks or hp._backward_hooks for hp in points.values())
 
 
 # ---------------------------------------------------------------- the two backends
@@ -233,7 +236,12 @@ class PackedBackend:
         if self._runner is None:
             model = self._model()
             assert model is not None, "the model is gone"
-            self._runner = LastToken(model)
+            if is_bridge(model):
+                from .bridge_pack import BridgePack
+
+                self._runner = BridgePack(model)  # the same engine, packed from the transformers weights
+            else:
+                self._runner = LastToken(model)
         return self._runner
 
     def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
@@ -249,7 +257,10 @@ class PackedBackend:
         return self.runner.span_logits(tokens, prefix, alpha, t)
 
     def prefill(self, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks, max_new: int) -> tuple[Tensor, Decoder]:
-        """(logits at each row's last prompt token, a decoder): the hooked prefill, packed decode steps after it."""
+        """(logits at each row's last prompt token, a decoder): the hooked prefill, packed decode steps after it
+        (a bridge prefills and decodes against its own KV cache)."""
+        if is_bridge(self.model):
+            return BridgeBackend(self.model).prefill(tokens, mask, last, hooks, max_new)
         logits, cache = hooked_prefill(self.model, tokens, mask, last, hooks)
         return logits, (self.decoder(cache, mask, max_new) if max_new > 1 else None)
 
@@ -332,6 +343,10 @@ def use_backend(model: Model, kind: str = "auto") -> None:
 
 def packed_blocker(model: Model) -> str | None:
     """Why the packed backend cannot run this model (None when it can, before the probe check)."""
+    if is_bridge(model):
+        from .bridge_pack import bridge_unsupported
+
+        return bridge_unsupported(model)
     arch = model.cfg.original_architecture
     if arch not in PACKED_ARCHITECTURES:
         return (
@@ -341,13 +356,14 @@ def packed_blocker(model: Model) -> str | None:
 
 
 def probe_check(model: Model, packed: PackedBackend) -> float:
-    """Max |packed - hooked| logit, relative to the largest logit, on one seeded prompt under a random gate (last token and a span)."""
+    """Max |packed - reference| logit, relative to the largest logit, on one seeded prompt under a random gate
+    (last token and a span); the reference is the hooked model, or a bridge's own forward."""
     c = model.cfg
     gen = torch.Generator().manual_seed(0)
     n = min(8, c.n_ctx)
     tokens = torch.randint(0, c.d_vocab, (1, n), generator=gen).to(c.device)
     alpha = torch.rand(c.n_layers, c.n_heads, generator=gen).to(device=c.device, dtype=c.dtype)
-    hooked = HookedBackend(model)
+    hooked = BridgeBackend(model) if is_bridge(model) else HookedBackend(model)
     with torch.no_grad():
         prefix = hooked.prefix(tokens[:, :-1])
         scale = prefix.values[0].abs().mean().clamp(min=1e-3)  # t on the scale of real head outputs
@@ -376,18 +392,13 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
         from .config import ConfigError
 
         raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
-    if is_bridge(model):  # the packed path packs HookedTransformer weights only, for now
-        if kind == "packed":
-            from .config import ConfigError
-
-            raise ConfigError("the packed backend cannot run a TransformerBridge yet; use 'auto' or 'hooked'")
-        return BridgeBackend(model, f"TransformerBridge ({architecture(model)})")
+    reference = BridgeBackend if is_bridge(model) else HookedBackend  # every hook fires on it
     if kind == "hooked":
-        return HookedBackend(model, "asked for")
+        return reference(model, "asked for")
     if _hooks_attached(model):  # the packed path would skip them, even when asked for
         if kind == "packed":
             log.warning("hooks are attached to the model: running the hooked backend, not the packed one asked for")
-        return HookedBackend(model, "hooks are attached to the model")
+        return reference(model, "hooks are attached to the model")
     stamp = PackedBackend.stamp(model)
     if stamp != choice.stamp:  # new or changed weights: a new snapshot, never an old one rebuilt in place
         choice.stamp, choice.packed = stamp, None
@@ -396,9 +407,8 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
             packed = PackedBackend(model)
             err = probe_check(model, packed)
             if err <= PROBE_TOL:
-                packed.reason = (
-                    f"{model.cfg.original_architecture}, agrees with the hooked model to {err:.1e} on a probe prompt"
-                )
+                ref = "the bridge's own forward" if is_bridge(model) else "the hooked model"
+                packed.reason = f"{architecture(model)}, agrees with {ref} to {err:.1e} on a probe prompt"
                 choice.packed = packed
             else:
                 choice.why_not = f"packed weights differ from the hooked model by {err:.1e} on a probe prompt"
@@ -411,11 +421,16 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
         from .config import ConfigError
 
         raise ConfigError(f"the packed backend cannot run this model: {choice.why_not}")
-    return HookedBackend(model, choice.why_not or "")
+    return reference(model, choice.why_not or "")
 
 
 def forget(model: Model) -> None:
-    """Drop the model's packed snapshot and choice (after writing weights through ``.data``); keeps ``use_backend``."""
+    """Drop the model's packed snapshot and choice, a bridge's probe verdict and its weights digest (after writing
+    weights through ``.data``); keeps ``use_backend``."""
+    from .models.identity import forget_digest
+
+    forget_digest(model)
+    forget_bridge(model)
     choice = _CHOICES.get(model)
     if choice is not None:
         choice.stamp, choice.packed, choice.why_not = None, None, None

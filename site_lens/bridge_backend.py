@@ -33,7 +33,7 @@ from .lasttoken import Prefix, check_rows
 
 log = logging.getLogger(__name__)
 
-PROBE_TOL = 1e-4  # cached vs full forward: max |difference| over max |logit|
+PROBE_TOL = 1e-4  # cached vs full forward: max |difference| over max |logit| (at least 8 eps of the dtype)
 _CACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> (weights stamp, cached path agrees)
 _POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> {hook name or alias: HookPoint}
 
@@ -46,16 +46,16 @@ def attached(model, hooks: Hooks) -> Iterator[None]:
     each on a 30-layer model, more than a training step's forward); this adds and removes the
     same hooks, at their own context level, through the hook points themselves.
     """
-    points = _POINTS.get(model)
-    if points is None:
-        points = _POINTS[model] = dict(model.hook_dict)
+    points = hook_points(model)
+    if any(not isinstance(name, str) or name not in points for name, _ in hooks):  # filters: the bridge's own way
+        with model.hooks(fwd_hooks=list(hooks)):
+            yield
+        return
     level = model.context_level + 1
     added = []
     try:
         model.context_level = level
         for name, fn in hooks:
-            if name not in points:
-                raise ValueError(f"no hook point named {name!r} on this bridge")
             points[name].add_hook(fn, dir="fwd", level=level)
             added.append(points[name])
         yield
@@ -84,6 +84,7 @@ def _mask(k_pos: Tensor, valid: Tensor, q_pos: Tensor, window: int | None, dtype
     ok = (slot_k <= slot_q)[None] & valid[:, None, :]  # (batch, n, L)
     if window is not None:
         ok = ok & (k_pos[:, None, :] > q_pos[:, :, None] - window)
+    ok = ok | (slot_k == slot_q)[None]  # its own slot: a pad's row is never all masked (no NaN)
     out = torch.zeros(B, 1, n, L, dtype=dtype, device=k_pos.device)
     return out.masked_fill_(~ok[:, None], torch.finfo(dtype).min)
 
@@ -95,6 +96,23 @@ def attention_masks(model, k_pos: Tensor, valid: Tensor, q_pos: Tensor) -> Tenso
     if isinstance(windows, dict):
         return {kind: _mask(k_pos, valid, q_pos, w, dtype) for kind, w in windows.items()}
     return _mask(k_pos, valid, q_pos, windows, dtype)
+
+
+def keeps_logits(model) -> bool:
+    """Whether the transformers model takes ``logits_to_keep`` (unembedding only the positions asked for)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.original_model.forward).parameters
+
+
+def logits_at_positions(model, tokens: Tensor, positions: Tensor, **kwargs: Any) -> Tensor:
+    """The bridge's logits at ``positions`` (batch, width) of each row, unembedding only the positions read."""
+    rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+    if not keeps_logits(model):
+        return model(tokens, **kwargs)[rows, positions]
+    keep = torch.unique(positions)  # sorted
+    logits = model(tokens, logits_to_keep=keep, **kwargs)  # (batch, len(keep), d_vocab)
+    return logits[rows, torch.searchsorted(keep, positions.contiguous())]
 
 
 def _cache_of(prefix: Prefix, batch: int):
@@ -138,12 +156,13 @@ class BridgeBackend:
         cache = DynamicCache()
         pos = torch.arange(P, device=tokens.device).expand(B, -1)
         valid = torch.ones(B, P, dtype=torch.bool, device=tokens.device)
-        self.model(
+        logits_at_positions(
+            self.model,
             tokens,
+            pos[:, -1:],
             layer_past=cache,
             position_ids=pos,
             attention_mask=attention_masks(self.model, pos, valid, pos),
-            logits_to_keep=1,
         )
         return Prefix([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
 
@@ -153,9 +172,10 @@ class BridgeBackend:
         P = prefix.length
         if not self.cached:
             full = torch.cat((prefix.tokens.expand(B, -1), tokens), 1)  # (batch, P + n)
-            shifted = [(name, _shifted(fn, P)) for name, fn in hooks]
+            shifted = [(name, _shifted(fn, P, n)) for name, fn in hooks]
+            positions = torch.arange(P, P + n, device=tokens.device).expand(B, -1)
             with attached(self.model, shifted):
-                return self.model(full)[:, P:]  # (batch, n, d_vocab)
+                return logits_at_positions(self.model, full, positions)  # (batch, n, d_vocab)
         dev = tokens.device
         k_pos = torch.arange(P + n, device=dev).expand(B, -1)
         q_pos = k_pos[:, P:]
@@ -191,24 +211,32 @@ class BridgeBackend:
         """(logits at each row's last prompt token, a decoder) for right-padded prompts; ``hooks`` fire here only."""
         from transformers import DynamicCache
 
+        if not self.cached:
+            raise ValueError("this bridge's KV-cache path disagreed with its full forward: generate without a cache")
         B, L = tokens.shape
         cache = DynamicCache()
         pos = torch.arange(L, device=tokens.device).expand(B, -1)
         valid = mask.bool()
         with attached(self.model, hooks):
-            logits = self.model(
-                tokens, layer_past=cache, position_ids=pos, attention_mask=attention_masks(self.model, pos, valid, pos)
-            )
-        rows = torch.arange(B, device=logits.device)
-        return logits[rows, last.to(logits.device)], BridgeDecoder(self.model, cache, pos, valid, last + 1)
+            logits = logits_at_positions(
+                self.model,
+                tokens,
+                last[:, None].to(tokens.device),
+                layer_past=cache,
+                position_ids=pos,
+                attention_mask=attention_masks(self.model, pos, valid, pos),
+            )[:, 0]
+        return logits, (BridgeDecoder(self.model, cache, pos, valid, last + 1) if max_new > 1 else None)
 
 
-def _shifted(fn: Callable, offset: int) -> Callable:
-    """A hook written for the new tokens' positions, run on the prefix and them together (positions + offset);
-    a hook bound to no position (a persistent one: LoRA, (IA)3) is taken as it is."""
+def _shifted(fn: Callable, offset: int, n: int) -> Callable:
+    """A hook written for the n new tokens' positions, run on the prefix and them together (positions + offset,
+    negative ones counted from the end of the new tokens); a hook bound to no position (a persistent one:
+    LoRA, (IA)3) is taken as it is."""
     inner = getattr(fn, "keywords", {})
     if isinstance(fn, partial) and "pos" in inner:
         pos = inner["pos"]
+        pos = pos % n if isinstance(pos, int) else torch.where(pos < 0, pos + n, pos)
         return partial(fn.func, *fn.args, **{**inner, "pos": pos + offset})
     return fn  # a hook bound to no position acts on every position, the prefix's too, as it did there
 
@@ -287,18 +315,42 @@ def probe_error(model) -> float:
 
 
 def cache_agrees(model) -> bool:
-    """Whether the KV-cache path agrees with the full forward on this bridge (checked once per weights)."""
+    """Whether the KV-cache path agrees with the full forward on this bridge (checked once per weights).
+
+    With hooks attached to the model the probe is not run (they would fire in it) and the
+    re-run path, which is the full forward, is used for this call only.
+    """
     stamp = _stamp(model)
     known = _CACHED.get(model)
     if known is not None and known[0] == stamp:
         return known[1]
+    if any(hp.fwd_hooks or hp.bwd_hooks for hp in hook_points(model).values()):
+        return False
     try:
         err = probe_error(model)
-    except Exception as e:  # an architecture whose attention takes no cache this way
-        log.info("bridge KV cache unavailable (%s: %s); re-running prefixes", type(e).__name__, e)
+    except TypeError as e:  # an architecture whose attention takes no cache this way
+        why = str(e).splitlines()[-1][-160:]  # the message can embed a whole module's repr
+        log.warning("bridge: no KV-cache path for this architecture (%s); prefixes are re-run", why)
         err = float("inf")
-    ok = err <= PROBE_TOL
-    if not ok:
-        log.info("bridge KV cache differs from the full forward by %.1e on the probe; re-running prefixes", err)
+    tol = max(PROBE_TOL, 8 * torch.finfo(model.cfg.dtype).eps)
+    ok = err <= tol
+    if not ok and err != float("inf"):
+        log.warning(
+            "bridge: the KV-cache path differs from the full forward by %.1e on the probe; prefixes are re-run", err
+        )
     _CACHED[model] = (stamp, ok)
     return ok
+
+
+def hook_points(model) -> dict:
+    """The bridge's hook points by name and alias, looked up once per model."""
+    points = _POINTS.get(model)
+    if points is None:
+        points = _POINTS[model] = dict(model.hook_dict)
+    return points
+
+
+def forget(model) -> None:
+    """Drop what is remembered about this bridge (its probe verdict and hook points)."""
+    _CACHED.pop(model, None)
+    _POINTS.pop(model, None)

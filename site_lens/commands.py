@@ -220,7 +220,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         check_writable(Path(args.out).parent)
     name = args.model or adapter.model.get("name")
     prompts = [format_query(x) for x in inputs]
-    if args.engine == "hf":  # transformers' own generate, the adapter injected by site_lens.hf
+    if args.engine == "hf":  # transformers' own generate, the adapter injected by site_lens.models.hf
         from .models import hf
 
         model, tok = hf.load_hf_model(name, dtype=getattr(torch, args.dtype), device_map=args.device_map or args.device)

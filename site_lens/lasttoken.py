@@ -98,8 +98,8 @@ def unsupported(model: Model) -> str | None:
 class Prefix:
     """Frozen keys (rotated) and values of a batch of prompt prefixes, one pair per layer.
 
-    The bridge engine keeps the prefix tokens instead (``tokens``; ``keys`` and ``values`` empty)
-    and runs them again with the last token.
+    A bridge whose KV-cache path disagrees with its full forward keeps the prefix tokens instead
+    (``tokens``; ``keys`` and ``values`` empty) and runs them again with the last token(s).
     """
 
     keys: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
@@ -175,6 +175,9 @@ class LastToken:
         self.n_heads, self.d_head, self.d_mlp = c.n_heads, c.d_head, c.d_mlp
         self.n_kv = c.n_key_value_heads or c.n_heads
         self.rotary_dim = c.rotary_dim or c.d_head
+        self.adjacent = bool(c.rotary_adjacent_pairs)  # rotary pairs (x0, x1), ... rather than halves
+        self.n_ctx = c.n_ctx
+        self.embed = model.W_E  # (d_vocab, d_model)
         self.rows = kernels_available()  # one-row products from the C++ kernel: every matrix input-major
         # packed copies must be usable under autograd later, and never part of a graph themselves
         with torch.inference_mode(False), torch.no_grad():
@@ -183,6 +186,9 @@ class LastToken:
         self.w_final = model.ln_final.w
         self.eps_final = model.ln_final.eps
         self.b_U = _nonzero(model.unembed.b_U)
+        self._share_tables()
+
+    def _share_tables(self) -> None:
         self._rotations: dict[tuple[int, int], Tensor] = {}  # (rotary table, position) -> (d_head, d_head)
         tables: list[tuple[Tensor, Tensor]] = []  # layers with equal cos/sin tables share rotation matrices
         for w in self.layers:
@@ -263,7 +269,7 @@ class LastToken:
         """Rotary embedding on the last dim (cos/sin broadcast over it), as TransformerLens's apply_rotary."""
         r = self.rotary_dim
         x_rot, x_pass = x[..., :r], x[..., r:]
-        if self.model.cfg.rotary_adjacent_pairs:
+        if self.adjacent:
             flip = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), -1).flatten(-2)
         else:
             flip = torch.cat((-x_rot[..., r // 2 :], x_rot[..., : r // 2]), -1)
@@ -293,7 +299,7 @@ class LastToken:
             raise ValueError(f"alpha has {alpha.shape[0]} rows for {B} tokens")
         if prefix.keys[0].shape[0] not in (1, B):
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} tokens")
-        resid = self.model.W_E[tokens]  # (batch, d_model)
+        resid = self.embed[tokens]  # (batch, d_model)
         own = prefix.keys[0].shape[0] == B  # each row has its own prefix (training); else one shared prefix
         gated = alpha is not None and t is not None
         if gated:  # per-layer views, split once: one backward op instead of one per layer; lerp wants one dtype
@@ -346,10 +352,8 @@ class LastToken:
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} spans")
         self._cover(P + n)
         if P + n > self.layers[0]["cos"].shape[0]:
-            raise ValueError(
-                f"a span ending at position {P + n - 1} is past the model's context ({self.model.cfg.n_ctx})"
-            )
-        resid = self.model.W_E[tokens].reshape(B * n, -1)  # (batch n, d_model)
+            raise ValueError(f"a span ending at position {P + n - 1} is past the model's context ({self.n_ctx})")
+        resid = self.embed[tokens].reshape(B * n, -1)  # (batch n, d_model)
         gated = alpha is not None and t is not None
         if gated:
             alphas = alpha.to(resid.dtype).unsqueeze(-1).unbind(-3)  # (*rows, head, 1) per layer
@@ -490,7 +494,7 @@ class LastToken:
         if n >= cache.valid.shape[1]:
             raise ValueError("DecodeCache is full")
         blocked = ~cache.valid[:, None, None, :n]  # (batch, 1, 1, n)
-        resid = self.model.W_E[tokens]  # (batch, d_model)
+        resid = self.embed[tokens]  # (batch, d_model)
         for i, w in enumerate(self.layers):
             cos, sin = w["cos"][cache.pos][:, None, None], w["sin"][cache.pos][:, None, None]  # (batch, 1, 1, rot)
             q, k, v = self._qkv(resid, w, cos, sin)

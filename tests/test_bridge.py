@@ -289,3 +289,50 @@ def test_option_scores_equal_across_engines_and_bridge_paths(arch):
     got = cached.run(toks, cached.prefix(prefix), hooks)
     want = rerun.run(toks, rerun.prefix(prefix), hooks)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_rerun_path_counts_negative_positions_from_the_new_tokens():
+    """A hook at position -1 means the last new token on both bridge paths, not a prefix position."""
+    from site_lens.bridge_backend import BridgeBackend
+    from site_lens.gate import injection_hooks
+
+    bridge = tiny_bridge("llama", char_tokenizer())
+    c = bridge.cfg
+    t, alpha = torch.randn(c.n_layers, c.n_heads, c.d_head), torch.rand(c.n_layers, c.n_heads)
+    prefix, toks = torch.tensor([encode(bridge, ["Q: hot\nA"])[0]]), torch.tensor([[5, 6, 7]])
+    cached, rerun = BridgeBackend(bridge, cached=True), BridgeBackend(bridge, cached=False)
+    for pos in (-1, 2, torch.tensor([-2])):
+        hooks = injection_hooks(bridge, t, alpha, pos)
+        got = cached.run(toks, cached.prefix(prefix), hooks)
+        want = rerun.run(toks, rerun.prefix(prefix), hooks)
+        assert torch.allclose(got, want, atol=1e-5), pos
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
+    """One packed engine for both model engines: packed from the bridge's transformers weights, its last-token
+    logits, spans and gated generations equal the bridge's own forward."""
+    from site_lens.backend import backend_for
+    from site_lens.bridge_backend import BridgeBackend
+    from site_lens.gate import injection_hooks
+    from site_lens.inject import generate_under_gates
+
+    bridge = tiny_bridge(arch, char_tokenizer())
+    packed, ref = backend_for(bridge), BridgeBackend(bridge)
+    assert packed.name == "packed", packed.reason
+    c = bridge.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 0.5
+    alpha = torch.rand(c.n_layers, c.n_heads)
+    prompts = encode(bridge, PROMPTS)
+    toks = torch.tensor([prompts[0]])
+    got = packed.logits(toks[:, -1], packed.prefix(toks[:, :-1]), alpha, t)
+    want = ref.logits(toks[:, -1], ref.prefix(toks[:, :-1]), alpha, t)
+    assert torch.allclose(got, want, atol=1e-5)
+    got = packed.span_logits(toks[:, -3:], packed.prefix(toks[:, :-3]), alpha, t)
+    want = ref.span_logits(toks[:, -3:], ref.prefix(toks[:, :-3]), alpha, t)
+    assert torch.allclose(got, want, atol=1e-5)
+    (gen, first), *_ = generate_under_gates(bridge, prompts, t, [alpha], max_new_tokens=5)
+    want_gen, want_first = generate_greedy(
+        bridge, prompts, max_new_tokens=5, prefill_hooks=lambda last: injection_hooks(bridge, t, alpha, last)
+    )
+    assert gen == want_gen and torch.allclose(first, want_first, atol=1e-5)

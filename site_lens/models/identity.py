@@ -183,6 +183,13 @@ def _identity(
 _DIGESTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 
 
+def forget_digest(model: Any) -> None:
+    """Drop the remembered weights digest (after writing weights through ``.data``, which no stamp sees)."""
+    _DIGESTS.pop(model, None)
+    if hasattr(model, "original_model"):
+        _DIGESTS.pop(model.original_model, None)
+
+
 def _stamp(model: Any) -> tuple:
     return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
 

@@ -173,6 +173,8 @@ def load_model(
             ``{"model.layers.0": "cuda:0", ..., "lm_head": "cpu"}`` or ``"auto"``.
     """
     engine = check_engine(engine)
+    if engine == "bridge" and n_devices != 1:
+        raise ModelError("the bridge splits a model with device_map (and max_memory), not n_devices")
     if engine == "hooked" and (device_map is not None or max_memory is not None):
         raise ModelError("device_map and max_memory need engine='bridge' (HookedTransformer splits with n_devices)")
     if isinstance(dtype, str):
@@ -199,4 +201,6 @@ def load_model(
         model = hooked_class().from_pretrained(
             official, device=device, dtype=dtype, n_devices=n_devices, **PROCESSING_FLAGS
         )
-    return register(finalize(model), name, processing=PROCESSING_FLAGS)
+    return register(
+        finalize(model), official, processing=PROCESSING_FLAGS
+    )  # aliases named as TransformerLens names them

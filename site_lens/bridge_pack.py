@@ -1,0 +1,167 @@
+"""The packed last-token engine for a TransformerBridge: ``LastToken`` built from the Hugging Face-layout weights.
+
+``LastToken``'s forwards read one record per layer (Q/K/V concatenated with the
+pre-norm's gain folded in, the output and MLP matrices input-major, rotary
+tables, norms); ``BridgePack`` builds the same records from the native
+transformers modules a bridge wraps, and takes its prefixes from the bridge's
+KV cache (keys already rotated, as ``LastToken`` keeps them). The forwards are
+``LastToken``'s own, so one packed engine serves both model engines.
+
+It covers Llama-style blocks (Llama, Mistral, Qwen2; Qwen3's per-head Q/K
+norms) in float32 or float64 on one device; ``backend.backend_for`` holds it to
+the bridge's own forward on a probe prompt before using it.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .bridge_backend import BridgeBackend, cache_agrees
+from .kernels import available as kernels_available
+from .lasttoken import LastToken, Prefix, _nonzero
+
+# transformers architectures whose blocks BridgePack packs (each held to the bridge by the probe as well)
+PACKED_BRIDGE_ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+)
+
+
+def _raw(module):
+    """The transformers module a bridge component wraps (the module itself where it wraps none)."""
+    return getattr(module, "_original_component", module)
+
+
+def _params(hf_model) -> dict[str, Tensor]:
+    """The model's parameters by their transformers names (the bridge's wrapper levels left out)."""
+    out: dict[str, Tensor] = {}
+    for name, p in hf_model.named_parameters():
+        out.setdefault(name.replace("._original_component", ""), p)
+    return out
+
+
+def bridge_unsupported(bridge) -> str | None:
+    """Why ``BridgePack`` cannot run this bridge (None when it can, before the probe check)."""
+    from .models.engines import architecture
+
+    hf = bridge.original_model
+    arch = architecture(bridge)
+    cfg = hf.config
+    devices = {str(d) for d in (getattr(hf, "hf_device_map", None) or {}).values()}
+    checks = [
+        (arch not in PACKED_BRIDGE_ARCHITECTURES, f"architecture {arch} is not one the packed path covers"),
+        (bool(getattr(bridge, "compatibility_mode", False)), "the bridge's weights are processed"),
+        (bridge.cfg.dtype not in (torch.float32, torch.float64), "dtype is not float32/float64"),
+        (len(devices) > 1, "the model is split over devices"),
+        (getattr(cfg, "hidden_act", "silu") not in ("silu", "gelu", "gelu_pytorch_tanh"), "unknown activation"),
+        (bool(getattr(cfg, "mlp_bias", False)), "the MLP has biases"),
+        (
+            isinstance(getattr(cfg, "sliding_window", None), int)
+            and getattr(cfg, "use_sliding_window", True)
+            and arch == "MistralForCausalLM",
+            "sliding-window attention",
+        ),
+        (any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])), "sliding-window layers"),
+        (not cache_agrees(bridge), "the bridge's KV cache (which gives the prefixes) disagrees with its forward"),
+    ]
+    return next((why for bad, why in checks if bad), None)
+
+
+class BridgePack(LastToken):
+    """``LastToken`` from a bridge's transformers weights; prefixes from the bridge's KV cache."""
+
+    def __init__(self, bridge):
+        why = bridge_unsupported(bridge)
+        if why is not None:
+            raise ValueError(f"BridgePack cannot run this model: {why}")
+        self.model = bridge
+        hf = bridge.original_model
+        cfg = hf.config
+        self.n_heads, self.d_head = bridge.cfg.n_heads, bridge.cfg.d_head
+        self.d_mlp = cfg.intermediate_size
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.rotary_dim = self.d_head
+        self.adjacent = False  # transformers rotates halves
+        self.n_ctx = cfg.max_position_embeddings
+        self.rows = kernels_available()
+        self._reference = BridgeBackend(bridge, cached=True)
+        p = _params(hf)
+        self._rotary = _raw(hf.model.rotary_emb)
+        cos, sin = self._tables(2048)
+        with torch.inference_mode(False), torch.no_grad():
+            self.layers = [self._pack_hf(p, i, _raw(layer), cos, sin) for i, layer in enumerate(hf.model.layers)]
+            head = _raw(hf.lm_head)
+            self.unembed = head.weight.T.contiguous()  # (d_model, d_vocab)
+        self.embed = p["model.embed_tokens.weight"]
+        self.w_final = p["model.norm.weight"]
+        self.eps_final = float(cfg.rms_norm_eps)
+        self.b_U = _nonzero(getattr(head, "bias", None))
+        self._share_tables()
+
+    def _tables(self, n: int) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions 0..n-1, (n, d_head), as the model's rotary embedding computes them."""
+        rot = self._rotary
+        scale = float(getattr(rot, "attention_scaling", 1.0))
+        dtype = self.model.cfg.dtype
+        with torch.inference_mode(False), torch.no_grad():  # tables enter autograd graphs later
+            inv = rot.inv_freq.float().clone()
+            freqs = torch.outer(torch.arange(n, device=inv.device, dtype=torch.float32), inv)
+            emb = torch.cat((freqs, freqs), -1)
+            return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+    def _cover(self, n: int) -> None:
+        """Grow every layer's rotary table to ``n`` positions."""
+        if n <= self.layers[0]["cos"].shape[0]:
+            return
+        cos, sin = self._tables(max(n, 2 * self.layers[0]["cos"].shape[0]))
+        for w in self.layers:
+            w["cos"], w["sin"] = cos, sin
+
+    def _pack_hf(self, p: dict[str, Tensor], i: int, layer, cos: Tensor, sin: Tensor) -> dict:
+        pre = f"model.layers.{i}."
+        a, mlp = _raw(layer.self_attn), _raw(layer.mlp)
+
+        def w(name: str) -> Tensor:  # a Linear's weight, (out, in)
+            return p[pre + name + ".weight"]
+
+        def b(name: str) -> Tensor | None:
+            return p.get(pre + name + ".bias")
+
+        qkv_bias = [b(f"self_attn.{n}_proj") for n in "qkv"]
+        q_norm = p.get(pre + "self_attn.q_norm.weight")
+        k_norm = p.get(pre + "self_attn.k_norm.weight")
+        eps = float(self.model.original_model.config.rms_norm_eps)
+        return dict(
+            eps1=eps,
+            # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as LastToken packs it
+            w_qkv=w("input_layernorm")[:, None] * torch.cat([w(f"self_attn.{n}_proj").T for n in "qkv"], 1),
+            b_qkv=None
+            if all(x is None for x in qkv_bias)
+            else _nonzero(torch.cat([x for x in qkv_bias if x is not None])),
+            w_o=w("self_attn.o_proj").T.contiguous(),  # (head d_head, d_model)
+            b_o=_nonzero(b("self_attn.o_proj")),
+            scale=1.0 / float(a.scaling),
+            cos=cos,
+            sin=sin,
+            eps2=eps,
+            w_gate_in=w("post_attention_layernorm")[:, None] * torch.cat([w("mlp.gate_proj").T, w("mlp.up_proj").T], 1),
+            b_in=None,
+            w_out=w("mlp.down_proj").T.contiguous() if self.rows else w("mlp.down_proj").contiguous(),
+            b_out=None,
+            act=mlp.act_fn,
+            q_norm=None if q_norm is None else (q_norm, eps),
+            k_norm=None if k_norm is None else (k_norm, eps),
+            ln1_post=None,
+            ln2_post=None,
+            window=None,
+        )
+
+    @torch.no_grad()
+    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
+        """Prompt prefixes through the bridge once, into its KV cache (keys rotated, as LastToken keeps them)."""
+        self._cover(tokens.shape[1] + 1)
+        return self._reference.prefix(tokens)
+
+    def decode_cache(self, cache, attention_mask, extra):
+        raise NotImplementedError("a bridge's packed engine decodes from start_decode; prefill with BridgeBackend")
