@@ -178,6 +178,7 @@ class LastToken:
         self.adjacent = bool(c.rotary_adjacent_pairs)  # rotary pairs (x0, x1), ... rather than halves
         self.n_ctx = c.n_ctx
         self.embed = model.W_E  # (d_vocab, d_model)
+        self.embed_scale: float | None = None  # a factor on every embedding row (Gemma's, where W_E is unscaled)
         self.rows = kernels_available()  # one-row products from the C++ kernel: every matrix input-major
         # packed copies must be usable under autograd later, and never part of a graph themselves
         with torch.inference_mode(False), torch.no_grad():
@@ -187,6 +188,10 @@ class LastToken:
         self.eps_final = model.ln_final.eps
         self.b_U = _nonzero(model.unembed.b_U)
         self._share_tables()
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        e = self.embed[tokens]
+        return e if self.embed_scale is None else e * self.embed_scale
 
     def _share_tables(self) -> None:
         self._rotations: dict[tuple[int, int], Tensor] = {}  # (rotary table, position) -> (d_head, d_head)
@@ -299,7 +304,7 @@ class LastToken:
             raise ValueError(f"alpha has {alpha.shape[0]} rows for {B} tokens")
         if prefix.keys[0].shape[0] not in (1, B):
             raise ValueError(f"prefix has {prefix.keys[0].shape[0]} rows for {B} tokens")
-        resid = self.embed[tokens]  # (batch, d_model)
+        resid = self._embed(tokens)  # (batch, d_model)
         own = prefix.keys[0].shape[0] == B  # each row has its own prefix (training); else one shared prefix
         gated = alpha is not None and t is not None
         if gated:  # per-layer views, split once: one backward op instead of one per layer; lerp wants one dtype
@@ -353,7 +358,7 @@ class LastToken:
         self._cover(P + n)
         if P + n > self.layers[0]["cos"].shape[0]:
             raise ValueError(f"a span ending at position {P + n - 1} is past the model's context ({self.n_ctx})")
-        resid = self.embed[tokens].reshape(B * n, -1)  # (batch n, d_model)
+        resid = self._embed(tokens).reshape(B * n, -1)  # (batch n, d_model)
         gated = alpha is not None and t is not None
         if gated:
             alphas = alpha.to(resid.dtype).unsqueeze(-1).unbind(-3)  # (*rows, head, 1) per layer
@@ -494,7 +499,7 @@ class LastToken:
         if n >= cache.valid.shape[1]:
             raise ValueError("DecodeCache is full")
         blocked = ~cache.valid[:, None, None, :n]  # (batch, 1, 1, n)
-        resid = self.embed[tokens]  # (batch, d_model)
+        resid = self._embed(tokens)  # (batch, d_model)
         for i, w in enumerate(self.layers):
             cos, sin = w["cos"][cache.pos][:, None, None], w["sin"][cache.pos][:, None, None]  # (batch, 1, 1, rot)
             q, k, v = self._qkv(resid, w, cos, sin)

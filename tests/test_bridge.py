@@ -308,7 +308,7 @@ def test_rerun_path_counts_negative_positions_from_the_new_tokens():
         assert torch.allclose(got, want, atol=1e-5), pos
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3", "mistral"])
 def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
     """One packed engine for both model engines: packed from the bridge's transformers weights, its last-token
     logits, spans and gated generations equal the bridge's own forward."""
