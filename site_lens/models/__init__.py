@@ -5,24 +5,5 @@ model object is (HookedTransformer on TransformerLens 3.x, TransformerBridge on
 3.9 and 4.x) and gives the annotation type ``Model`` for either.
 """
 
-from .load import (
-    EMBEDDED_MODELS,
-    PROCESSING_FLAGS,
-    EmbeddedModel,
-    ModelError,
-    default_cache_dir,
-    load_model,
-    model_identity,
-    resolve_model_name,
-)
-
-__all__ = [
-    "EMBEDDED_MODELS",
-    "PROCESSING_FLAGS",
-    "EmbeddedModel",
-    "ModelError",
-    "default_cache_dir",
-    "load_model",
-    "model_identity",
-    "resolve_model_name",
-]
+from .load import *  # the loading API, as load.__all__ lists it
+from .load import __all__
