@@ -6,4 +6,4 @@ model object is (HookedTransformer on TransformerLens 3.x, TransformerBridge on
 """
 
 from .load import *  # the loading API, as load.__all__ lists it
-from .load import __all__
+from .load import __all__ as __all__
