@@ -131,8 +131,18 @@ def resolve_model_name(name: str, engine: str | None = None) -> str:
     if name in EMBEDDED_MODELS:
         return name
     if check_engine(engine) == "bridge":
-        if not name or name.strip() != name:
-            raise ModelError(f"unknown model '{name}': give an embedded name or a Hugging Face model id")
+        if name and Path(name).is_dir():
+            return name
+        try:  # the hub id's config (from the local cache where there is one): cheap beside loading its weights
+            from transformers import AutoConfig
+
+            AutoConfig.from_pretrained(name)
+        except (OSError, ValueError) as e:
+            why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            raise ModelError(
+                f"unknown model '{name}': not one of {sorted(EMBEDDED_MODELS)} (embedded, offline), not a local "
+                f"folder, and no Hugging Face config for it ({why})"
+            ) from None
         return name
     from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, get_official_model_name
 
@@ -188,6 +198,7 @@ def load_model(
     if engine == "bridge":
         from .bridge import load_bridge
 
+        resolve_model_name(name, engine)  # a one-line error for a name with no config, before any loading
         cache = Path(cache_dir) if cache_dir else None
         bridge, source = load_bridge(
             name, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory, cache_dir=cache
