@@ -17,16 +17,16 @@ row per step. Two backends do that with the same results:
   (``bridge_pack.BridgePack``) for the architectures that covers.
 
 ``backend_for(model)`` chooses once per model (and again when its weights
-change): packed only for architectures on ``PACKED_ARCHITECTURES``, the ones
-the tests cover, that pass ``lasttoken.unsupported``'s structural checks and
-agree with the hooked backend on a probe prompt when the packed weights are
-built (a mismatch is logged and the hooked backend used). Hooks attached to
-the model when a backend is asked for also select the hooked one, so they
-fire. ``use_backend(model, "hooked")`` forces the reference ("packed" asks for the
-packed one: an error where it cannot run, the hooked one while hooks are
-attached). Callers never
-branch: they ask for a backend and call ``prefix`` / ``logits`` / ``span_logits`` / ``decoder``,
-or use ``prompt_cache.PromptCache`` for many prompts.
+change): packed only for the architectures the tests cover
+(``PACKED_ARCHITECTURES`` on HookedTransformer, ``bridge_pack``'s list on a
+bridge) that pass the structural checks and agree with the reference backend
+on a probe prompt when the packed weights are built (a mismatch is logged and
+the reference used). Hooks attached to the model when a backend is asked for
+also select the reference, so they fire. ``use_backend(model, "hooked")``
+forces the reference ("packed" asks for the packed one: an error where it
+cannot run, the reference while hooks are attached). Callers never branch:
+they ask for a backend and call ``prefix`` / ``logits`` / ``span_logits`` /
+``prefill``, or use ``prompt_cache.PromptCache`` for many prompts.
 """
 
 from __future__ import annotations
@@ -272,6 +272,8 @@ class PackedBackend:
 
     def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
         """Greedy decode steps from packed weights, taking over the prefilled TransformerLens cache."""
+        if is_bridge(self.model):
+            raise ValueError("a bridge has no TransformerLens cache to decode from: use prefill()")
         runner = self.runner
         return PackedDecoder(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
 
@@ -405,13 +407,19 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
         choice.why_not = packed_blocker(model)
         if choice.why_not is None:
             packed = PackedBackend(model)
-            err = probe_check(model, packed)
+            try:
+                err = probe_check(model, packed)
+            except (KeyError, RuntimeError, ValueError, AttributeError) as e:  # a variant the packing does not know
+                if not is_bridge(model):
+                    raise
+                err = float("inf")
+                log.warning("bridge: the packed engine cannot pack this model (%s: %s)", type(e).__name__, e)
             if err <= PROBE_TOL:
                 ref = "the bridge's own forward" if is_bridge(model) else "the hooked model"
                 packed.reason = f"{architecture(model)}, agrees with {ref} to {err:.1e} on a probe prompt"
                 choice.packed = packed
             else:
-                choice.why_not = f"packed weights differ from the hooked model by {err:.1e} on a probe prompt"
+                choice.why_not = f"packed weights differ from the reference backend by {err:.1e} on a probe prompt"
                 log.warning("using the hooked backend: %s", choice.why_not)
         if choice.why_not is not None:
             log.info("hooked backend: %s", choice.why_not)

@@ -236,7 +236,7 @@ def _shifted(fn: Callable, offset: int, n: int) -> Callable:
     inner = getattr(fn, "keywords", {})
     if isinstance(fn, partial) and "pos" in inner:
         pos = inner["pos"]
-        pos = pos % n if isinstance(pos, int) else torch.where(pos < 0, pos + n, pos)
+        pos = (pos + n if pos < 0 else pos) if isinstance(pos, int) else torch.where(pos < 0, pos + n, pos)
         return partial(fn.func, *fn.args, **{**inner, "pos": pos + offset})
     return fn  # a hook bound to no position acts on every position, the prefix's too, as it did there
 

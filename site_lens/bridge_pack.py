@@ -45,6 +45,13 @@ def _params(hf_model) -> dict[str, Tensor]:
     return out
 
 
+def _rope_types(hf_model) -> set[str]:
+    """The rotary embedding's types ('default', 'llama3', 'yarn', 'dynamic', ...), one per layer type for Gemma 3."""
+    rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
+    kind = getattr(_raw(rotary), "rope_type", "default") if rotary is not None else "default"
+    return set(kind.values()) if isinstance(kind, dict) else {kind}
+
+
 def _activation(cfg) -> str:
     return getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "silu")
 
@@ -57,7 +64,11 @@ def bridge_unsupported(bridge) -> str | None:
     devices = {str(d) for d in (getattr(hf, "hf_device_map", None) or {}).values()}
     checks = [
         (arch not in PACKED_BRIDGE_ARCHITECTURES, f"architecture {arch} is not one the packed path covers"),
-        (bool(getattr(bridge, "compatibility_mode", False)), "the bridge's weights are processed"),
+        (
+            bool(getattr(bridge, "compatibility_mode", False) or getattr(bridge, "_weights_processed", False)),
+            "the bridge's weights are processed",
+        ),
+        (bool(_rope_types(hf) & {"dynamic", "longrope"}), "rotary scaling that depends on the sequence length"),
         (bridge.cfg.dtype not in (torch.float32, torch.float64), "dtype is not float32/float64"),
         (len(devices) > 1, "the model is split over devices"),
         (_activation(cfg) not in ("silu", "gelu", "gelu_pytorch_tanh"), "unknown activation"),
@@ -178,7 +189,7 @@ class BridgePack(LastToken):
             eps2=eps,
             w_gate_in=gain(ln2)[:, None] * torch.cat([w("mlp.gate_proj").T, w("mlp.up_proj").T], 1),
             b_in=None,
-            w_out=w("mlp.down_proj").T.contiguous() if self.rows else w("mlp.down_proj").contiguous(),
+            w_out=w("mlp.down_proj").T.contiguous() if self.rows else w("mlp.down_proj").clone(),  # a snapshot
             b_out=None,
             act=mlp.act_fn,
             q_norm=norm("self_attn.q_norm"),

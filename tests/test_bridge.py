@@ -243,8 +243,10 @@ def test_a_split_device_map_and_a_float64_layer(tmp_path):
     layer.to(torch.float64)
     seen = []
     cast_in = layer.register_forward_pre_hook(
-        lambda m, a, k: (tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x for x in a),
-                         {n: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for n, v in k.items()}),
+        lambda m, a, k: (
+            tuple(x.double() if torch.is_tensor(x) and x.is_floating_point() else x for x in a),
+            {n: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for n, v in k.items()},
+        ),
         with_kwargs=True,
     )
     cast_out = layer.register_forward_hook(lambda m, a, out: out.float() if torch.is_tensor(out) else out)
@@ -254,7 +256,9 @@ def test_a_split_device_map_and_a_float64_layer(tmp_path):
         return z
 
     with mixed.hooks(fwd_hooks=[("blocks.1.attn.hook_z", grab)]):
-        got = generate_greedy(mixed, prompts, max_new_tokens=4, prefill_hooks=lambda last: fit.adapter.hooks(mixed, last))
+        got = generate_greedy(
+            mixed, prompts, max_new_tokens=4, prefill_hooks=lambda last: fit.adapter.hooks(mixed, last)
+        )
     cast_in.remove()
     cast_out.remove()
     assert torch.float64 in seen
@@ -317,7 +321,12 @@ def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
     from site_lens.gate import injection_hooks
     from site_lens.inject import generate_under_gates
 
-    bridge = tiny_bridge(arch, char_tokenizer())
+    hf = tiny_hf(arch, char_tokenizer(), **({"attention_bias": True} if arch == "llama" else {}))
+    with torch.no_grad():  # unequal norm gains and non-zero biases, so every fold and bias shows
+        for n, p in hf.named_parameters():
+            if "norm" in n or n.endswith(".bias"):
+                p.add_(0.3 * torch.randn_like(p))
+    bridge = bridge_from_hf(hf, char_tokenizer())
     packed, ref = backend_for(bridge), BridgeBackend(bridge)
     assert packed.name == "packed", packed.reason
     c = bridge.cfg
