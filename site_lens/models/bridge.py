@@ -10,7 +10,7 @@ with accelerate's ``device_map`` / ``max_memory`` for models split over devices.
 The bridge runs the native model: ``hook_z`` is the input of the attention
 output projection, exactly where the HookedTransformer engine (loaded without
 weight processing) and ``site_lens.models.hf`` put it, so one adapter serves
-all three. ``bridge_processing`` reports a bridge in compatibility mode
+all three. ``identity.bridge_processing`` reports a bridge in compatibility mode
 (processed weights) as processed, and adapters refuse the mismatch.
 """
 
@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from transformer_lens.model_bridge import TransformerBridge
 
-from .convert import PROCESSING_FLAGS
 from .engines import ModelError
 
 # tiny random configs: architecture -> (transformers config class, model class, extra config fields)
@@ -39,8 +38,7 @@ def bridge_from_hf(
     ``folder`` is where the model's config (and tokenizer) were saved; None saves them to a
     temporary folder first. No network is used.
     """
-    from .hf import hf_name
-    from .identity import register
+    from .identity import hf_name, register
 
     dtype = dtype or next(hf_model.parameters()).dtype
     name, path = hf_name(hf_model), getattr(hf_model.config, "_name_or_path", "")
@@ -69,7 +67,8 @@ def load_bridge(
     cache_dir: Path | None,
 ) -> tuple[TransformerBridge, str | None]:
     """(bridge, GGUF digest or None): an embedded model from its cached float32 checkpoint, or a hub name."""
-    from .hf import load_hf_model, source_of
+    from .hf import load_hf_model
+    from .identity import source_of
 
     kwargs: dict[str, Any] = {}
     if max_memory is not None:
@@ -79,36 +78,6 @@ def load_bridge(
     hf_model, tok = load_hf_model(name, dtype=dtype, device_map=device_map, cache_dir=cache_dir, **kwargs)
     bridge = bridge_from_hf(hf_model, tok, dtype=dtype)  # its config and tokenizer saved afresh: no hub lookups
     return bridge, source_of(hf_model).get("source_sha256")
-
-
-def bridge_processing(bridge: TransformerBridge) -> dict[str, bool]:
-    """The processing flags of a bridge: all False for raw weights; TransformerLens's defaults once processed."""
-    processed = bool(getattr(bridge, "_weights_processed", False) or getattr(bridge, "compatibility_mode", False))
-    if not processed:
-        return dict(PROCESSING_FLAGS)
-    fold = getattr(bridge.cfg, "layer_norm_folding", None)
-    return {
-        "fold_ln": True if fold is None else bool(fold),
-        "center_writing_weights": True,
-        "center_unembed": True,
-        "fold_value_biases": True,
-        "refactor_factored_attn_matrices": False,
-    }
-
-
-def bridge_shape(bridge: TransformerBridge) -> dict[str, Any]:
-    """Architecture and shape, as ``identity`` records them for either engine."""
-    from .engines import architecture
-
-    c = bridge.cfg
-    return {
-        "architecture": architecture(bridge),
-        "n_layers": c.n_layers,
-        "n_heads": c.n_heads,
-        "d_head": c.d_head,
-        "d_model": c.d_model,
-        "d_vocab": c.d_vocab,
-    }
 
 
 # ---------------------------------------------------------------- tiny random bridges

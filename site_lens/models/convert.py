@@ -20,16 +20,7 @@ from typing import Any
 import torch
 
 from ..locks import owner_tag, temp_is_orphan
-from .engines import Model, ModelError, hooked_class
-
-# TransformerLens processing flags used for every model site-lens loads (they change hook_z).
-PROCESSING_FLAGS: dict[str, bool] = {
-    "fold_ln": False,
-    "center_writing_weights": False,
-    "center_unembed": False,
-    "fold_value_biases": False,
-    "refactor_factored_attn_matrices": False,
-}
+from .engines import PROCESSING_FLAGS, Model, ModelError, hooked_class
 
 
 def fast_layout(model: Model) -> Model:
@@ -195,8 +186,7 @@ def hooked_from_hf(hf_model: Any, tokenizer: Any, *, device: str = "cpu", dtype:
         state_dict = get_pretrained_state_dict(tmp, cfg, hf_model=hf_model, dtype=dtype)
     model = new_hooked(cfg, tokenizer, move_to_device=False)
     model.load_and_process_state_dict(state_dict, **PROCESSING_FLAGS)
-    from .hf import hf_name
-    from .identity import register
+    from .identity import hf_name, register
 
     return register(finalize(model, cfg.device), hf_name(hf_model), processing=PROCESSING_FLAGS)
 

@@ -26,6 +26,15 @@ from transformer_lens.model_bridge import TransformerBridge
 
 HOOKED: type | None = _Hooked  # None on TransformerLens 4
 
+# TransformerLens processing flags used for every model site-lens loads (they change hook_z).
+PROCESSING_FLAGS: dict[str, bool] = {
+    "fold_ln": False,
+    "center_writing_weights": False,
+    "center_unembed": False,
+    "fold_value_biases": False,
+    "refactor_factored_attn_matrices": False,
+}
+
 
 class ModelError(ValueError):
     """An unknown model name or engine, a missing embedded package, or a corrupt cache."""

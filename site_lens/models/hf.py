@@ -39,7 +39,6 @@ import logging
 import os
 import shutil
 import tempfile
-import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,14 +49,14 @@ from torch import Tensor
 from ..gate import AlphaGate
 from ..io import Adapter, AdapterError
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
-from .convert import PROCESSING_FLAGS, ModelError, hf_architecture, join_gguf
+from .convert import PROCESSING_FLAGS, hf_architecture, join_gguf
+from .identity import hf_name, hf_weights_digest, output_projections, record_source, source_of
 
 __all__ = ["encode", "generate", "hf_identity", "inject", "load_hf_model", "output_projections", "stop_ids"]
 
 log = logging.getLogger(__name__)
 
 HF_CACHE_VERSION = 1
-_SOURCES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------- loading
@@ -119,7 +118,7 @@ def load_hf_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .load import EMBEDDED_MODELS, default_cache_dir
+    from .embedded import EMBEDDED_MODELS, default_cache_dir
     from .weight_cache import source_digest
 
     if name in EMBEDDED_MODELS:
@@ -148,20 +147,8 @@ def load_hf_model(
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device_map, **kwargs)
         tok = AutoTokenizer.from_pretrained(name)
         digest = None
-    _SOURCES[model] = {"name": name, "source_sha256": digest}
+    record_source(model, name, digest)
     return model.eval().requires_grad_(False), tok
-
-
-def source_of(model: Any) -> dict[str, Any]:
-    """{'name', 'source_sha256'} recorded by ``load_hf_model`` for this model ({} for any other)."""
-    return dict(_SOURCES.get(model, {}))
-
-
-def hf_name(model: Any) -> str:
-    """The name an identity gives a transformers model: ``load_hf_model``'s, else the config's path or hub id,
-    else the class name (an in-memory model); ``convert.hooked_from_hf`` and the bridge give their models the same."""
-    known = _SOURCES.get(model, {})
-    return known.get("name") or getattr(model.config, "_name_or_path", "") or type(model).__name__
 
 
 def _text_config(model: Any) -> Any:
@@ -171,12 +158,11 @@ def _text_config(model: Any) -> Any:
 
 def hf_identity(model: Any) -> dict[str, Any]:
     """What an adapter must match (``io.MATCH_KEYS``), read from the HF config; HF weights are unprocessed."""
-    from .identity import hf_weights_digest
 
     c = _text_config(model)
     n_heads = getattr(c, "num_attention_heads", None) or c.n_head
     d_model = getattr(c, "hidden_size", None) or c.n_embd
-    known = _SOURCES.get(model, {})
+    known = source_of(model)
     return {
         "name": hf_name(model),
         "revision": getattr(model.config, "_commit_hash", None),
@@ -190,26 +176,6 @@ def hf_identity(model: Any) -> dict[str, Any]:
         "weights_sha256": hf_weights_digest(model),
         "processing": dict.fromkeys(PROCESSING_FLAGS, False),
     }
-
-
-def output_projections(model: Any) -> list[torch.nn.Module]:
-    """Each layer's attention output projection, whose input is hook_z with the heads concatenated."""
-    found: dict[int, torch.nn.Module] = {}
-    for name, module in model.named_modules():
-        parts = name.split(".")
-        if (
-            len(parts) >= 4
-            and parts[-3].isdigit()
-            and parts[-4] in ("layers", "h")
-            and (parts[-2:] == ["self_attn", "o_proj"] or parts[-2:] == ["attn", "c_proj"])
-        ):
-            found[int(parts[-3])] = module
-    if not found or sorted(found) != list(range(len(found))):
-        raise ModelError(
-            f"cannot find the attention output projections of {type(model).__name__} "
-            "(looked for layers.N.self_attn.o_proj and h.N.attn.c_proj)"
-        )
-    return [found[i] for i in range(len(found))]
 
 
 # ---------------------------------------------------------------- injecting

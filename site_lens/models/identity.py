@@ -35,8 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .convert import PROCESSING_FLAGS
-from .engines import Model, ModelError, is_bridge
+from .engines import PROCESSING_FLAGS, Model, ModelError, architecture, is_bridge
 
 # model -> (identity, the flags its weights showed when registered); entries go with their model
 _REGISTRY: weakref.WeakKeyDictionary[Model, tuple[dict[str, Any], dict[str, bool | None]]] = weakref.WeakKeyDictionary()
@@ -84,8 +83,6 @@ def _no_attn_biases(model: Model) -> bool:
 def detect_processing(model: Model) -> dict[str, bool | None]:
     """The processing flags the model's config and weights show; None where they cannot tell."""
     if is_bridge(model):
-        from .bridge import bridge_processing
-
         return dict(bridge_processing(model))
     from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
@@ -154,8 +151,6 @@ def _identity(
         )
     c = model.cfg
     if is_bridge(model):
-        from .bridge import bridge_shape
-
         shape = bridge_shape(model)
     else:
         shape = {
@@ -226,7 +221,6 @@ def _out_weight(proj: Any) -> Tensor:
 
 def hf_weights_digest(hf_model: Any) -> str | None:
     """``weights_digest`` of a transformers model: its attention output projections and unembedding."""
-    from .hf import output_projections
 
     def matrices() -> list[Tensor]:
         outs = [_out_weight(p) for p in output_projections(hf_model)]
@@ -291,3 +285,73 @@ def model_identity(model: Model, processing: dict[str, bool] | None = None) -> d
     name = known["name"] if known is not None else model.cfg.model_name
     source = known["source_sha256"] if known is not None else None
     return _identity(model, name, source, flags, processing)
+
+
+# ---------------------------------------------------------------- transformers models and bridges
+
+_SOURCES: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def source_of(model: Any) -> dict[str, Any]:
+    """{'name', 'source_sha256'} recorded by ``load_hf_model`` for this model ({} for any other)."""
+    return dict(_SOURCES.get(model, {}))
+
+
+def record_source(model: Any, name: str, digest: str | None) -> None:
+    """Remember the name and GGUF digest ``hf.load_hf_model`` loaded a transformers model by."""
+    _SOURCES[model] = {"name": name, "source_sha256": digest}
+
+
+def hf_name(model: Any) -> str:
+    """The name an identity gives a transformers model: ``load_hf_model``'s, else the config's path or hub id,
+    else the class name (an in-memory model); ``convert.hooked_from_hf`` and the bridge give their models the same."""
+    known = _SOURCES.get(model, {})
+    return known.get("name") or getattr(model.config, "_name_or_path", "") or type(model).__name__
+
+
+def output_projections(model: Any) -> list[torch.nn.Module]:
+    """Each layer's attention output projection, whose input is hook_z with the heads concatenated."""
+    found: dict[int, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if (
+            len(parts) >= 4
+            and parts[-3].isdigit()
+            and parts[-4] in ("layers", "h")
+            and (parts[-2:] == ["self_attn", "o_proj"] or parts[-2:] == ["attn", "c_proj"])
+        ):
+            found[int(parts[-3])] = module
+    if not found or sorted(found) != list(range(len(found))):
+        raise ModelError(
+            f"cannot find the attention output projections of {type(model).__name__} "
+            "(looked for layers.N.self_attn.o_proj and h.N.attn.c_proj)"
+        )
+    return [found[i] for i in range(len(found))]
+
+
+def bridge_processing(bridge: Any) -> dict[str, bool]:
+    """The processing flags of a bridge: all False for raw weights; TransformerLens's defaults once processed."""
+    processed = bool(getattr(bridge, "_weights_processed", False) or getattr(bridge, "compatibility_mode", False))
+    if not processed:
+        return dict(PROCESSING_FLAGS)
+    fold = getattr(bridge.cfg, "layer_norm_folding", None)
+    return {
+        "fold_ln": True if fold is None else bool(fold),
+        "center_writing_weights": True,
+        "center_unembed": True,
+        "fold_value_biases": True,
+        "refactor_factored_attn_matrices": False,
+    }
+
+
+def bridge_shape(bridge: Any) -> dict[str, Any]:
+    """Architecture and shape, as ``identity`` records them for either engine."""
+    c = bridge.cfg
+    return {
+        "architecture": architecture(bridge),
+        "n_layers": c.n_layers,
+        "n_heads": c.n_heads,
+        "d_head": c.d_head,
+        "d_model": c.d_model,
+        "d_vocab": c.d_vocab,
+    }

