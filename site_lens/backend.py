@@ -46,8 +46,9 @@ from .bridge_backend import BridgeBackend, BridgeDecoder, attached, logits_at_po
 from .bridge_backend import forget as forget_bridge
 from .bridge_backend import hook_points as bridge_points
 from .gate import Hooks, injection_hooks
-from .lasttoken import DecodeCache, LastToken, Prefix, check_rows, unsupported
-from .models.engines import Model, architecture, is_bridge
+from .lasttoken import LastToken, unsupported
+from .models.engines import Model, architecture, is_bridge, weights_stamp
+from .prefix import DecodeCache, Prefix, check_rows
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +227,6 @@ class PackedBackend:
         self.reason = reason
         self._runner: LastToken | None = None
 
-    @staticmethod
-    def stamp(model: Model) -> tuple:
-        return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
-
     @property
     def runner(self) -> LastToken:
         """The packed weights, packed on first use."""
@@ -401,7 +398,7 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
         if kind == "packed":
             log.warning("hooks are attached to the model: running the hooked backend, not the packed one asked for")
         return reference(model, "hooks are attached to the model")
-    stamp = PackedBackend.stamp(model)
+    stamp = weights_stamp(model)
     if stamp != choice.stamp:  # new or changed weights: a new snapshot, never an old one rebuilt in place
         choice.stamp, choice.packed = stamp, None
         choice.why_not = packed_blocker(model)

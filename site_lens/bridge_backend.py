@@ -29,7 +29,8 @@ from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
 from .gate import Hooks, injection_hooks
-from .lasttoken import Prefix, check_rows
+from .models.engines import weights_stamp
+from .prefix import Prefix, check_rows
 
 log = logging.getLogger(__name__)
 
@@ -271,10 +272,6 @@ class BridgeDecoder:
 # ---------------------------------------------------------------- the probe
 
 
-def _stamp(model) -> tuple:
-    return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
-
-
 @torch.no_grad()
 def probe_error(model) -> float:
     """Max |cached - full forward| logit, relative to the largest, on a seeded prompt: a gated last token,
@@ -320,7 +317,7 @@ def cache_agrees(model) -> bool:
     With hooks attached to the model the probe is not run (they would fire in it) and the
     re-run path, which is the full forward, is used for this call only.
     """
-    stamp = _stamp(model)
+    stamp = weights_stamp(model)
     known = _CACHED.get(model)
     if known is not None and known[0] == stamp:
         return known[1]

@@ -22,8 +22,9 @@ from torch import Tensor
 
 from .bridge_backend import BridgeBackend, cache_agrees
 from .kernels import available as kernels_available
-from .lasttoken import LastToken, Prefix, _nonzero
+from .lasttoken import LastToken, _nonzero
 from .models.engines import architecture
+from .prefix import Prefix
 
 # transformers architectures whose blocks BridgePack packs (each held to the bridge by the probe as well)
 PACKED_BRIDGE_ARCHITECTURES = frozenset(

@@ -16,8 +16,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .backend import Backend, ResidEdits, backend_for
-from .lasttoken import Prefix
 from .models.engines import Model
+from .prefix import Prefix
 from .tokens import Example, fit_batches
 
 
@@ -29,9 +29,7 @@ class PromptCache:
     ``len(cache)``, indexed by prompt).
     """
 
-    def __init__(
-        self, model: Model, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None
-    ):
+    def __init__(self, model: Model, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None):
         if any(len(e.tokens) < 2 for e in examples):
             raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
         self.model = model
@@ -49,7 +47,10 @@ class PromptCache:
                 self.where[i] = (length, row)
             parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
             self.prefixes[length] = Prefix.cat(
-                [self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device)) for part in parts]
+                [
+                    self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device))
+                    for part in parts
+                ]
             )
 
     def __len__(self) -> int:
@@ -81,7 +82,9 @@ class PromptCache:
             rows = torch.tensor([self.where[i][1] for i in idx], device=device)
             last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
             a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
-            out.append((idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits)))
+            out.append(
+                (idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits))
+            )
         return out
 
     def loss(

@@ -387,7 +387,7 @@ def test_packed_generation_drops_finished_rows_without_changing_any_row(model, m
     stop = {free[0][1], free[1][3]}  # row 0 ends by step 2, row 1 by step 4; others when they meet these
     want = [g[: next((k + 1 for k, tok in enumerate(g) if tok in stop), len(g))] for g in free]
     assert len({len(g) for g in want}) > 1 and max(len(g) for g in want) == 10  # rows finish at different steps
-    from site_lens.lasttoken import DecodeCache
+    from site_lens.prefix import DecodeCache
 
     calls = []
     select = DecodeCache.select

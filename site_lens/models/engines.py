@@ -107,3 +107,9 @@ def norm_gain(model: Any, norm: Any) -> Any:
     if is_bridge(model) and getattr(model.cfg, "rmsnorm_uses_offset", False):
         w = w + 1
     return w
+
+
+def weights_stamp(model: Any) -> tuple:
+    """Which parameter tensors the model holds, and their versions: changes when any is replaced, moved or written
+    in place (not through ``.data``). What packed snapshots, probe verdicts and weights digests are keyed by."""
+    return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())

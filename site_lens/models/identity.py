@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .engines import PROCESSING_FLAGS, Model, ModelError, architecture, is_bridge
+from .engines import PROCESSING_FLAGS, Model, ModelError, architecture, is_bridge, weights_stamp
 
 # model -> (identity, the flags its weights showed when registered); entries go with their model
 _REGISTRY: weakref.WeakKeyDictionary[Model, tuple[dict[str, Any], dict[str, bool | None]]] = weakref.WeakKeyDictionary()
@@ -185,10 +185,6 @@ def forget_digest(model: Any) -> None:
         _DIGESTS.pop(model.original_model, None)
 
 
-def _stamp(model: Any) -> tuple:
-    return tuple((id(p), p._version, p.data_ptr(), p.dtype) for p in model.parameters())
-
-
 def _digest(matrices: list[Tensor]) -> str:
     """SHA-256 of the matrices' shapes and their values rounded to bfloat16 (the same for a float32 or bf16 load)."""
     h = hashlib.sha256()
@@ -202,7 +198,7 @@ def _digest(matrices: list[Tensor]) -> str:
 
 def _memo(model: Any, matrices) -> str | None:
     known = _DIGESTS.get(model)
-    stamp = _stamp(model)
+    stamp = weights_stamp(model)
     if known is not None and known[0] == stamp:
         return known[1]
     mats = matrices()
