@@ -42,8 +42,8 @@ test: venv venv-tl4
 test-tl4: venv-tl4
 	HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS) $(TL4_TESTS)
 
-# PNG export (kaleido) drives a Chromium. `make chromium` installs Debian's when none is found
-# (needs root and apt-get); without one, figures are written as HTML only.
+# PNG export (kaleido) drives a Chromium. Nothing else here installs system packages: `make chromium` is the one
+# target that does, and only when asked (Debian's chromium, needs root and apt-get); without one, figures are HTML only.
 chromium:
 	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -56,7 +56,7 @@ chromium:
 test-fast: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
 
-demo: venv chromium
+demo: venv
 	HF_HUB_OFFLINE=1 $(PY) -m site_lens demo --out runs/demo
 
 lint: venv

@@ -6,7 +6,7 @@ full ``site-lens run`` of the task; medians over the rounds are compared. Both s
 this machine's venv, with ``PYTHONPATH`` pointing at each checkout.
 
     git worktree add --detach /tmp/old OLD_COMMIT
-    .venv/bin/python benchmarks/bench_compare.py --old /tmp/old --new . --data ../shared/datasets/fv \\
+    .venv/bin/python benchmarks/bench_compare.py --old /tmp/old --new . --data data/fv \\
         --out benchmarks/results/compare.json
 """
 

@@ -15,7 +15,7 @@ hook function shared by every layer's ``hook_z`` that reads alpha and t from ten
 the hook point, so one compiled block can serve all 30 layers and a new step's alpha does
 not invalidate it. It runs on its own copy of the model.
 
-    .venv/bin/python benchmarks/bench_compile.py --data ../shared/datasets/fv --out benchmarks/results/compile.json
+    .venv/bin/python benchmarks/bench_compile.py --data data/fv --out benchmarks/results/compile.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ in right-padded chunks and one prompt per forward. One untimed warm-up call each
 Medians over the rounds and the ratios are printed and written as JSON; the losses of engines
 and of batchings are checked equal.
 
-    .venv/bin/python benchmarks/bench_sequence.py --model gemma-3-270m --data ../shared/datasets/fv \\
+    .venv/bin/python benchmarks/bench_sequence.py --model gemma-3-270m --data data/fv \\
         --task adjective_v_verb_3 --out benchmarks/results/sequence_steps.json
 """
 

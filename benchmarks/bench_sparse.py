@@ -5,7 +5,7 @@ with the same ``--steps`` (the order rotates between rounds), timing ``SparseTra
 ``AlphaTrainer.fit`` alone (caches, steps, validation), after one untimed warm-up fit. Medians over
 the rounds and their ratios to SITE are printed and written as JSON.
 
-    .venv/bin/python benchmarks/bench_sparse.py --data ../shared/datasets/fv --task antonym \\
+    .venv/bin/python benchmarks/bench_sparse.py --data data/fv --task antonym \\
         --out benchmarks/results/sparse.json
 """
 

@@ -12,7 +12,7 @@ Measures side by side, in one run:
      matmul throughput and gemv (memory) bandwidth
   6. FV's causal indirect effect (all 270 heads, 5 shuffled prompts): hooked vs packed
 
-Usage: .venv/bin/python benchmarks/bench_speed.py [--data ../shared/datasets/fv] [--task antonym]
+Usage: .venv/bin/python benchmarks/bench_speed.py [--data data/fv] [--task antonym]
            [--reps 30] [--full-run] [--out benchmarks/results/speed.json]
 """
 

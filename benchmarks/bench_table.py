@@ -57,7 +57,7 @@ def table(folder: Path) -> str:
     extr = [t for t in tasks if cats[t] == "extractive"]
     out.append(f"abstractive: {len(abst)}, extractive: {len(extr)}\n")
     out.append(
-        "| method | exact % | abstractive | extractive | first-token % | strict % | SITE - method | "
+        "| method | prefix % | abstractive | extractive | first-token % | strict % | SITE - method | "
         "trainable params | fit s (median) | ms / query (median) | paper, Llama-3.1-8B |"
     )
     out.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -74,7 +74,7 @@ def table(folder: Path) -> str:
             f"| {fit:.0f} | {ms:.0f} | {PAPER.get(m, '-')} |"
         )
     if "site" in methods:
-        out.append("\nWhere SITE loses (exact match, per task, by more than 2 points):\n")
+        out.append("\nWhere SITE loses (prefix match, per task, by more than 2 points):\n")
         for m in methods:
             if m == "site":
                 continue
@@ -89,7 +89,7 @@ def table(folder: Path) -> str:
                 + (f" ({', '.join(lost)})" if lost else "")
                 + (f"; category means lost: {', '.join(cat_lost)}" if cat_lost else "; no category mean lost")
             )
-    out.append("\nExact match (%) per task:\n")
+    out.append("\nPrefix match (%) per task:\n")
     out.append("| task | category | " + " | ".join(methods) + " |")
     out.append("|---|---|" + "---|" * len(methods))
     for t in sorted(tasks, key=lambda t: (cats[t], t)):

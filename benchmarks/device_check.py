@@ -76,7 +76,7 @@ def gate(model) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prompts(n: int) -> list[str]:
-    items = [x for k in ("uppercase", "first-letter", "antonym", "next-number") for x, _ in sl.load_task(k).test]
+    items = [x for k in ("uppercase", "first-letter", "opposites", "next-number") for x, _ in sl.load_task(k).test]
     return [format_query(x) for x in random.Random(0).sample(items, n)]
 
 

@@ -1,7 +1,7 @@
 """One adapter on every engine: SITE trained on HookedTransformer and on the TransformerBridge, each applied on
 both engines and on plain transformers (``site_lens.models.hf``); greedy generations compared on 50 test prompts.
 
-    .venv/bin/python benchmarks/engine_agreement.py smollm2-135m gemma-3-270m --data ../shared/datasets/fv
+    .venv/bin/python benchmarks/engine_agreement.py smollm2-135m gemma-3-270m --data data/fv
 
 For each pair of engines that disagree on a prompt, the first differing step's logit gap between the two
 tokens is measured on the training engine (a near-tie is a gap under 0.1). Writes

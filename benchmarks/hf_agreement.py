@@ -29,7 +29,7 @@ def main(name: str, n: int = 50, new: int = 8) -> None:
     t = build_task_embedding(tl, encode(tl, [shots + format_query(x) for x, _ in task.train[5:15]]))
     theta = torch.randn(tl.cfg.n_layers, tl.cfg.n_heads, generator=torch.Generator().manual_seed(0))
     adapter = Adapter(t=t, theta=theta, model=model_identity(tl))
-    items = [x for k in ("uppercase", "first-letter", "antonym", "next-number") for x, _ in load_task(k).test]
+    items = [x for k in ("uppercase", "first-letter", "opposites", "next-number") for x, _ in load_task(k).test]
     prompts = [format_query(x) for x in random.Random(0).sample(items, n)]
     t0 = time.perf_counter()
     want, _ = generate_greedy(

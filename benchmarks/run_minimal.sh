@@ -9,7 +9,7 @@
 set -euo pipefail
 MODEL=${1:-smollm2-135m}
 HALF=${2:-A}
-DATA=${DATA:-../shared/datasets/fv}
+DATA=${DATA:-data/fv}
 OUT=${OUT:-results/minimal/$MODEL}
 PY=${PY:-.venv/bin/python}
 if [ "$MODEL" = smollm2-135m ]; then

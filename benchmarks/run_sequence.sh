@@ -9,7 +9,7 @@
 # then takes the first-token rows and ICL from the 45-task bench folder (results/MODEL/).
 set -euo pipefail
 MODEL=${1:-smollm2-135m}
-DATA=${DATA:-../shared/datasets/fv}
+DATA=${DATA:-data/fv}
 OUT=${OUT:-results/sequence/$MODEL}
 PY=${PY:-.venv/bin/python}
 METHODS=${METHODS:-site,site_seq,icl,lora,lora_seq,i2cl,i2cl_seq}
