@@ -1,4 +1,4 @@
-"""``site-lens data bbh`` and ``site-lens data hf``: task folders from other sources."""
+"""``site-lens data fv``, ``site-lens data bbh`` and ``site-lens data hf``: task folders from other sources."""
 
 from __future__ import annotations
 
@@ -20,6 +20,24 @@ def parse_splits(text: str) -> dict[str, str]:
     if not out:
         raise argparse.ArgumentTypeError("expected at least one OURS=THEIRS pair")
     return out
+
+
+def cmd_data_fv(args: argparse.Namespace) -> int:
+    from ..commands import check_writable
+    from .fv import build_fv
+
+    out = Path(args.out)
+    check_writable(out)
+    rows = build_fv(out, tasks=args.tasks, source=args.source, overwrite=args.overwrite)
+    for r in rows:
+        s = r["sizes"]
+        print(
+            f"{r['task']:<26} {r['category']:<11} train {s['train']:>4}  valid {s['valid']:>3}  test {s['test']:>4}  "
+            f"{r['status']}"
+        )
+    fetched = sum(r["status"] == "downloaded" for r in rows)
+    print(f"{fetched} task folders downloaded, {len(rows) - fetched} already there; README.md under {out}")
+    return 0
 
 
 def cmd_data_bbh(args: argparse.Namespace) -> int:

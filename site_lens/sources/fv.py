@@ -1,0 +1,476 @@
+"""The 45 function-vector (FV) tasks with the SITE paper's train / valid / test splits.
+
+``site-lens data fv --out data/fv`` (``build_fv``) downloads them from the SITE authors'
+code release (github.com/SNU-DRL/Soft_Injection, Apache-2.0), pinned at ``RELEASE_COMMIT``::
+
+    https://raw.githubusercontent.com/SNU-DRL/Soft_Injection/<commit>/dataset/<task>/<split>.json
+
+The release holds all 45 tasks (and 12 others the benchmark does not use), so nothing is
+split here: each file is checked (a JSON list of ``{"input", "output"}`` objects, read as
+``tasks.load_task_folder`` reads it; the item count and sha256 of the release's file at that
+commit, in ``RELEASE``) and written as released, byte for byte, with a ``meta.json``. The task
+data are Todd et al.'s (2024, "Function Vectors in Large Language Models", MIT): the splits
+divide the items of ``dataset_files/{abstractive,extractive}/<task>.json`` in
+github.com/ericwtodd/function_vectors 70 / 9 / 21 %.
+
+A mirror (``source``: a base URL, a file:// URL or a folder) has the release's layout::
+
+    SOURCE/dataset/<task>/{train,valid,test}.json   the splits
+    SOURCE/LICENSE                                  the release's licence (optional)
+    SOURCE/function_vectors/LICENSE                 the function_vectors licence (optional)
+
+Each task is downloaded into memory, checked, written to a temporary folder beside its place
+and renamed into it, so a stopped run leaves only complete task folders; a rerun skips the
+task folders that are already complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import os
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..locks import owner_tag, temp_is_orphan
+from ..tasks import ABSTRACTIVE, EXTRACTIVE, SPLITS, TaskError, _parse_pairs, category, load_task_folder
+from . import SourceError
+
+log = logging.getLogger(__name__)
+
+RELEASE_REPO = "SNU-DRL/Soft_Injection"
+RELEASE_COMMIT = "01bd5d645bec8df08b781661dfec8b8787f17a5c"
+FV_REPO = "ericwtodd/function_vectors"
+FV_COMMIT = "fb9eac7b6dc707ea1475a717379916007fe448d5"
+RAW = "https://raw.githubusercontent.com"
+DEFAULT_SOURCE = f"{RAW}/{RELEASE_REPO}/{RELEASE_COMMIT}"
+TIMEOUT_S = 60.0  # per request
+ATTEMPTS = 3  # tries per file when the server answers 5xx or 429
+SUITE = "fv"  # meta.json's "suite" in the task folders this module writes
+TMP = "fv.tmp"  # temp names: .<name>.<host>.<pid>.fv.tmp (``locks.temp_is_orphan`` reads them)
+
+# task -> items in train, valid, test, and the first 16 hex digits of each file's sha256, at RELEASE_COMMIT
+RELEASE: dict[str, tuple[int, int, int, str, str, str]] = {
+    "adjective_v_verb_3": (700, 90, 210, "9fdd86d4477440f3", "060b4543915d06fe", "1e80e0587a63e993"),
+    "adjective_v_verb_5": (700, 90, 210, "9ec9b938fc6bd56e", "c3ef33210376d5f0", "56cdb6e040632f44"),
+    "ag_news": (5320, 684, 1596, "b36853a3d408b84a", "9c39959434c309f8", "72d73ff0e17b32dc"),
+    "alphabetically_first_3": (700, 90, 210, "35268ee20d5f3f27", "69c815d5844dedc1", "7e379dee05258540"),
+    "alphabetically_first_5": (700, 90, 210, "830fe834a08d1e23", "5bc78fc9b70ba229", "5763ab114186e48f"),
+    "alphabetically_last_3": (700, 90, 210, "43fb62828caf8131", "104dd561b18bf507", "5024145d90ebbdf9"),
+    "alphabetically_last_5": (700, 90, 210, "2e9e190c94c87449", "f58e141c8765deb0", "dfd806f09b9e4293"),
+    "animal_v_object_3": (700, 90, 210, "103c1c414d3931c2", "e44664523a304d4f", "93fffb79d8605f30"),
+    "animal_v_object_5": (700, 90, 210, "0820802281e95ec7", "587375c56f145b16", "2d7dedfcfd447bf9"),
+    "antonym": (1678, 216, 504, "7f1fc6ae45ea0c24", "940a874bfe486942", "747fe8bca8549a6e"),
+    "capitalize": (569, 74, 170, "aa25923e1e131c7f", "79a758dbdd788ce7", "59eca4948ccb860b"),
+    "capitalize_first_letter": (569, 74, 170, "2222d2dea401bad1", "df13d6e634fe3de1", "ee6494c41e64dd9e"),
+    "capitalize_second_letter": (550, 72, 165, "5c4940f8ccb1d46c", "80e4c2fcdde46893", "eab4c64bf5eff4d0"),
+    "choose_first_of_3": (700, 90, 210, "3040434b0fc0d33d", "169e2646997449a4", "3a7d2ac470169668"),
+    "choose_first_of_5": (700, 90, 210, "51bf5644dac713ee", "e0ada7c128a8ad78", "1d83ea6ad1119af2"),
+    "choose_last_of_3": (700, 90, 210, "f2e533eaa7ef40eb", "41fa2dd54e9ffb9f", "921741092105ab21"),
+    "choose_last_of_5": (700, 90, 210, "688772e5b5c86580", "ac902c8389f0665b", "16e6685136e9cba3"),
+    "choose_middle_of_3": (700, 90, 210, "a0f6693acbcd730b", "c9110fc35e307c26", "912a169d4d580758"),
+    "color_v_animal_3": (700, 90, 210, "c8d0a89fa241ed8c", "aaf36347af3f018e", "1b77f0e206c1a30a"),
+    "color_v_animal_5": (700, 90, 210, "139ff9aa73463ea3", "aef0199315e42359", "2cfed1b2eb155960"),
+    "commonsense_qa": (7673, 987, 2302, "6a003abd5c0274b1", "20271a8b4fdeeb20", "11858a246e34839f"),
+    "concept_v_object_3": (700, 90, 210, "3ef23da3ddedd2b6", "cb7fe01da00f90fa", "1cdcea6a8e550b83"),
+    "concept_v_object_5": (700, 90, 210, "f81375067f6702a2", "ba2c9b13601709da", "4891a00ba2ffe451"),
+    "conll2003_location": (3149, 405, 945, "8b2f24e4cc380f23", "9924fda6e0ad0fcd", "bdcf9298fd5c7b6c"),
+    "conll2003_person": (2480, 320, 744, "13e072548d15e3ff", "dd72043e6052da5e", "dbf5bfdf9f085fa3"),
+    "country-capital": (137, 18, 42, "b7e93242c8c2ac1a", "74997e46a7318466", "cb21d541fd59d02c"),
+    "english-french": (3288, 423, 987, "25e5ff70f384d51e", "88de629179d9ad0a", "cc49b056f5a6d2ac"),
+    "english-spanish": (3639, 468, 1092, "8ed4cc88650a1931", "3b36dbd1150eb5f6", "30f094a01c5ebfe6"),
+    "fruit_v_animal_3": (700, 90, 210, "3a040fe3f63ac7bc", "fbc352712270ed2e", "2fbc59be710e1676"),
+    "lowercase_first_letter": (569, 74, 171, "5d7227e2b7aa2a9f", "9bd8525816bbb99d", "36d4932353c2812a"),
+    "national_parks": (315, 41, 95, "97cf7121aa043109", "287e444d04c6c08d", "198a426ccb9e5d2e"),
+    "next_capital_letter": (569, 74, 171, "3d53c886ce842ee0", "e0cd41a943802dc9", "139fc213e694007f"),
+    "object_v_concept_3": (700, 90, 210, "d2fe8d111b42e907", "06dd0a80d427ec64", "123521cf364cf397"),
+    "object_v_concept_5": (700, 90, 210, "57cca42a61f84aff", "21923bc79f835c1a", "0d1a82614b67b13b"),
+    "park-country": (524, 68, 157, "3f152068cb734912", "0c9c5234b0693786", "cb562901d531cf52"),
+    "person-occupation": (574, 75, 172, "ad6f8d1bb782b647", "4ac3fb1808cdf2f1", "3363f72e38bbf816"),
+    "person-sport": (222, 29, 67, "4404b8aa6ee6f153", "4dce928d5258a554", "0fae32796509358e"),
+    "present-past": (205, 27, 61, "5745062ef051df18", "79900ec6c2afeceb", "b009f6fbbee99671"),
+    "prev_item": (157, 21, 47, "1167ae1871f3dd5d", "048a1b2f981fd71c", "27753f6cc0ccee52"),
+    "sentiment": (816, 106, 245, "9b6b02b1ba6af925", "63bccfd0fb474a37", "aa34cb62b7881232"),
+    "singular-plural": (143, 19, 43, "94b868a6a5698750", "a21533a7d3ebfe2d", "e4fb0d1049b44a3a"),
+    "squad_val": (3460, 446, 1038, "100ad38298ded936", "cb9bbd4178296e06", "458957ab80416292"),
+    "verb_v_adjective_3": (700, 90, 210, "8a93181e9893811d", "7aa7356bec009e0f", "2e57f130b6a76c61"),
+    "verb_v_adjective_5": (700, 90, 210, "0745d5dd17768400", "c9ea26d08b3ef433", "9c676f110b9913c6"),
+    "word_length": (569, 74, 171, "013f352b62a1cb09", "a764a6e2f4243c14", "a679a2ad3d2a2fa8"),
+}
+
+
+@dataclass(frozen=True)
+class Licence:
+    """One licence of the downloaded data: where its text lives and the file it is written to."""
+
+    file: str  # written under the output folder
+    spdx: str
+    covers: str
+    repo: str
+    commit: str
+    mirror_path: str  # under a mirror (``source``)
+    marker: str  # a phrase its text holds
+
+    @property
+    def url(self) -> str:
+        return f"https://github.com/{self.repo}/blob/{self.commit}/LICENSE"
+
+    @property
+    def raw(self) -> str:
+        return f"{RAW}/{self.repo}/{self.commit}/LICENSE"
+
+
+LICENCES = (
+    Licence(
+        "LICENSE-soft-injection.txt",
+        "Apache-2.0",
+        "the train / valid / test splits (the SITE paper's code release, Park et al.)",
+        RELEASE_REPO,
+        RELEASE_COMMIT,
+        "LICENSE",
+        "Apache License",
+    ),
+    Licence(
+        "LICENSE-function-vectors.txt",
+        "MIT",
+        'the task data (Todd et al. 2024, "Function Vectors in Large Language Models")',
+        FV_REPO,
+        FV_COMMIT,
+        "function_vectors/LICENSE",
+        "MIT License",
+    ),
+)
+
+
+class NotFound(SourceError):
+    """The source answers but has no such file (HTTP 404, or no file in the folder)."""
+
+
+def unreachable(host: str, reason: object) -> str:
+    why = getattr(reason, "strerror", None) or str(reason) or reason.__class__.__name__
+    return f"cannot reach {host} ({why}); connect to the internet or pass --source (a mirror: URL or folder)"
+
+
+class Source:
+    """Where the files are read from: a base URL (http, https) or a folder (also as a file:// URL)."""
+
+    def __init__(self, spec: str | os.PathLike | None = None, timeout: float = TIMEOUT_S) -> None:
+        text = DEFAULT_SOURCE if spec is None else str(spec).strip()
+        parts = urllib.parse.urlsplit(text)
+        self.timeout = timeout
+        self.url: str | None = None
+        self.folder: Path | None = None
+        if parts.scheme.lower() in ("http", "https"):
+            self.url = text.rstrip("/")
+        elif parts.scheme.lower() == "file":
+            self.folder = Path(urllib.request.url2pathname(parts.path))
+        elif len(parts.scheme) > 1:  # one letter is a Windows drive
+            raise SourceError(f"source {text}: give an http(s):// or file:// URL, or a folder")
+        else:
+            self.folder = Path(text).expanduser().absolute()
+        if self.folder is not None and not (self.folder / "dataset").is_dir():
+            raise SourceError(
+                f"source {text}: no dataset/ folder there (a mirror holds dataset/TASK/train.json, valid.json, test.json)"
+            )
+        self.where = self.url or str(self.folder)
+        self.default = self.url == DEFAULT_SOURCE
+
+    def location(self, rel: str) -> str:
+        """The URL or path of ``rel`` (a '/'-separated path in the release's layout)."""
+        return f"{self.url}/{urllib.parse.quote(rel)}" if self.url else str(self.folder / rel)
+
+    def read(self, location: str, what: str) -> bytes:
+        """The bytes at ``location``; NotFound when it is missing, SourceError (one line) on any other failure."""
+        if self.url is None:
+            path = Path(location)
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                raise NotFound(f"{what}: not found at {path}") from None
+            except OSError as e:
+                raise SourceError(f"{what}: cannot read {path} ({e.strerror or e})") from None
+        host = urllib.parse.urlsplit(location).netloc
+        request = urllib.request.Request(location, headers={"User-Agent": f"site-lens/{__version__}"})
+        for attempt in range(ATTEMPTS):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    raise NotFound(f"{what}: not found at {location} (HTTP 404)") from None
+                if (e.code >= 500 or e.code == 429) and attempt + 1 < ATTEMPTS:
+                    time.sleep(2**attempt)
+                    continue
+                raise SourceError(f"{what}: HTTP {e.code} {e.reason} from {location}") from None
+            except urllib.error.URLError as e:
+                raise SourceError(unreachable(host, e.reason)) from None
+            except (OSError, http.client.HTTPException) as e:  # a timeout or a dropped connection while reading
+                raise SourceError(
+                    f"{what}: reading {location} failed ({e.__class__.__name__}: {e}); run the command again to resume"
+                ) from None
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+
+Expected = Mapping[str, Sequence[Any]]  # task -> (train, valid, test item counts[, their sha256 prefixes])
+
+
+def _expectations(spec: Sequence[Any]) -> dict[str, tuple[int | None, str | None]]:
+    counts = tuple(spec[:3])
+    digests = tuple(spec[3:6]) or (None, None, None)
+    return {s: (counts[i], digests[i]) for i, s in enumerate(SPLITS)}
+
+
+def check_file(data: bytes, task: str, split: str, count: int | None, digest: str | None, where: str) -> int:
+    """Check one split file's bytes: a JSON list of {"input", "output"} items, ``count`` of them, a sha256
+    starting with ``digest``. Returns the item count; a one-line SourceError names the task, split and problem."""
+    label = f"task {task}, {split}.json"
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise SourceError(f"{label}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno}) from {where}") from None
+    except (ValueError, RecursionError) as e:  # undecodable bytes, an integer of > 4300 digits, deep nesting
+        raise SourceError(f"{label}: invalid JSON ({e.__class__.__name__}) from {where}") from None
+    try:
+        _parse_pairs(raw, label)
+    except TaskError as e:
+        raise SourceError(f"{e} (from {where})") from None
+    if count is not None and len(raw) != count:
+        raise SourceError(f"{label}: {len(raw)} items, expected {count} (from {where})")
+    if digest is not None:
+        sha = hashlib.sha256(data).hexdigest()
+        if not sha.startswith(digest.lower()):
+            raise SourceError(f"{label}: sha256 {sha[: len(digest)]} is not the release's {digest} (from {where})")
+    return len(raw)
+
+
+def _problem(folder: Path, task: str, expect: Mapping[str, tuple[int | None, str | None]]) -> str | None:
+    """Why ``folder`` does not hold the task's three split files as expected; None when it does."""
+    for s in SPLITS:
+        path = folder / f"{s}.json"
+        try:
+            check_file(path.read_bytes(), task, s, *expect[s], where=str(path))
+        except FileNotFoundError:
+            return f"no {s}.json"
+        except OSError as e:
+            return f"cannot read {path} ({e.strerror or e})"
+        except SourceError as e:
+            return str(e)
+    return None
+
+
+def _ours(folder: Path) -> bool:
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("suite") == SUITE
+
+
+def task_meta(task: str, files: Mapping[str, bytes], source: Source) -> dict[str, Any]:
+    """meta.json of one task: category, sizes, where the files came from, their sha256, the licences."""
+    cat = category(task)
+    meta: dict[str, Any] = {
+        "suite": SUITE,
+        "category": cat,
+        "sizes": {s: len(json.loads(files[s])) for s in SPLITS},
+        "source": f"https://github.com/{RELEASE_REPO}/tree/{RELEASE_COMMIT}/dataset/{task}",
+        "files": {s: source.location(f"dataset/{task}/{s}.json") for s in SPLITS},
+        "fetched_from": source.where,
+        "sha256": {s: hashlib.sha256(files[s]).hexdigest() for s in SPLITS},
+    }
+    if cat in ("abstractive", "extractive"):
+        meta["task_data"] = f"https://github.com/{FV_REPO}/blob/{FV_COMMIT}/dataset_files/{cat}/{task}.json"
+    meta["licence"] = "Apache-2.0 (the splits, SITE release) and MIT (the task data, Todd et al. 2024)"
+    meta["licences"] = [{"spdx": lic.spdx, "covers": lic.covers, "text": lic.url} for lic in LICENCES]
+    return meta
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically: a temp file beside ``path``, renamed onto it."""
+    tmp = path.with_name(f".{path.name}.{owner_tag()}.{TMP}")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _install(out: Path, task: str, files: Mapping[str, bytes], meta: dict[str, Any], expect) -> Path:
+    """Write the task folder beside its place, check that it loads, and rename it into place."""
+    final = out / task
+    tmp = out / f".{task}.{owner_tag()}.{TMP}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for s in SPLITS:
+            (tmp / f"{s}.json").write_bytes(files[s])
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        try:
+            load_task_folder(tmp, task)
+        except TaskError as e:
+            raise SourceError(f"task {task}: the files do not load ({e})") from None
+        if final.exists():  # replacing (overwrite)
+            old = out / f".{task}.{owner_tag()}.old-{TMP}"
+            final.rename(old)
+            try:
+                tmp.rename(final)
+            except OSError:
+                old.rename(final)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            try:
+                tmp.rename(final)
+            except OSError as e:
+                if final.is_dir() and _problem(final, task, expect) is None:  # another process wrote it meanwhile
+                    return final
+                raise SourceError(f"task {task}: cannot move the new folder to {final} ({e.strerror or e})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def fetch_task(out: Path, task: str, source: Source, spec: Sequence[Any], overwrite: bool = False) -> dict[str, Any]:
+    """Download, check and write one task folder unless it is already complete. One summary row."""
+    expect = _expectations(spec)
+    final = out / task
+    if final.exists():
+        problem = _problem(final, task, expect) if final.is_dir() else "not a folder"
+        if problem is None:
+            if _ours(final):
+                log.info("%s: already complete in %s, skipped", task, final)
+                status = "present"
+            else:  # the release's files, put there by hand: add the meta.json
+                files = {s: (final / f"{s}.json").read_bytes() for s in SPLITS}
+                _write_json(final / "meta.json", task_meta(task, files, source))
+                log.info("%s: the files in %s are the release's; wrote its meta.json", task, final)
+                status = "meta.json written"
+            return {"task": task, "category": category(task), "sizes": _sizes(final), "status": status}
+        if not overwrite:
+            raise SourceError(
+                f"{final} exists and is not the release's {task} ({problem}); pass --overwrite to replace it"
+            )
+    files: dict[str, bytes] = {}
+    for s in SPLITS:
+        location = source.location(f"dataset/{task}/{s}.json")
+        files[s] = source.read(location, f"task {task}, {s}.json")
+        check_file(files[s], task, s, *expect[s], where=location)
+    meta = task_meta(task, files, source)
+    _install(out, task, files, meta, expect)
+    log.info("%s: downloaded into %s", task, final)
+    return {"task": task, "category": meta["category"], "sizes": meta["sizes"], "status": "downloaded"}
+
+
+def _sizes(folder: Path) -> dict[str, int]:
+    return {s: len(json.loads((folder / f"{s}.json").read_bytes())) for s in SPLITS}
+
+
+def fetch_licences(out: Path, source: Source) -> list[str]:
+    """Write each licence's text under ``out`` unless there already; the files written. A licence that
+    cannot be fetched is a warning (README.md names it and its URL either way)."""
+    written = []
+    for lic in LICENCES:
+        dest = out / lic.file
+        if dest.is_file():
+            continue
+        location = lic.raw if source.default else source.location(lic.mirror_path)
+        try:
+            text = source.read(location, lic.file).decode("utf-8")
+        except (SourceError, UnicodeDecodeError) as e:
+            log.warning("%s not written (%s); README.md names the licence and its URL", lic.file, e)
+            continue
+        if lic.marker not in text:
+            log.warning("%s not written: %s does not read as the %s licence text", lic.file, location, lic.spdx)
+            continue
+        tmp = dest.with_name(f".{dest.name}.{owner_tag()}.{TMP}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, dest)
+        written.append(lic.file)
+    return written
+
+
+def remove_orphans(out: Path) -> None:
+    """Delete the temp folders and files of a run that was killed (never a live process's)."""
+    for p in out.glob(f".*{TMP}"):  # also the .old-fv.tmp of a replaced folder
+        if temp_is_orphan(p):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+def build_fv(
+    out: Path,
+    tasks: Sequence[str] | None = None,
+    source: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    expected: Expected | None = None,
+    timeout: float = TIMEOUT_S,
+) -> list[dict[str, Any]]:
+    """Download the FV tasks (default: all 45) into ``out``, with the licences and a README.md; one row per task.
+
+    ``expected`` replaces ``RELEASE`` (task -> train, valid, test item counts, optionally followed by the
+    sha256 prefixes of the three files): the tasks known, and what each file must hold.
+    """
+    out = Path(out)
+    known = sorted(ABSTRACTIVE | EXTRACTIVE) if expected is None else sorted(expected)
+    table = RELEASE if expected is None else expected
+    names = known if tasks is None else list(dict.fromkeys(tasks))
+    if not names:
+        raise SourceError("no FV task named (--tasks is empty)")
+    unknown = [t for t in names if t not in table]
+    if unknown:
+        raise SourceError(f"unknown FV task(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    src = Source(source, timeout)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_orphans(out)
+    rows = [fetch_task(out, t, src, table[t], overwrite) for t in names]
+    fetch_licences(out, src)
+    write_readme(out)
+    return rows
+
+
+def write_readme(out: Path) -> None:
+    """README.md of the FV task folders under ``out``: what they are, sources, licences, split sizes."""
+    rows = []
+    for meta_file in sorted(out.glob("*/meta.json")):
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("suite") == SUITE:
+            rows.append((meta_file.parent.name, meta))
+    mirrors = sorted({m.get("fetched_from", "") for _, m in rows} - {DEFAULT_SOURCE, ""})
+    short = RELEASE_COMMIT[:7]
+    lines = [
+        f"# Function-vector tasks ({len(rows)})",
+        "",
+        'Written by `site-lens data fv`: the few-shot tasks of Todd et al. (2024, "Function Vectors in Large',
+        "Language Models\") with the train / valid / test splits (70 / 9 / 21 %) of the SITE paper's code",
+        f"release, github.com/{RELEASE_REPO} at commit {RELEASE_COMMIT}, file by file as released.",
+        'Each task folder holds `train.json`, `valid.json`, `test.json` (JSON lists of `{"input", "output"}`;',
+        "a few outputs are numbers, read as text) and `meta.json` (category, sizes, source URLs, sha256, licences).",
+        "Use `train` for demonstrations and training, `valid` for model selection, `test` for reported numbers:",
+        '`site-lens run --data DIR --task antonym`, `site_lens.load_task("antonym", data_dir=DIR)`.',
+    ]
+    if mirrors:
+        lines += ["", f"Fetched from a mirror of the release: {', '.join(mirrors)}."]
+    lines += ["", "Licences:", ""]
+    for lic in LICENCES:
+        text = f"; text in `{lic.file}`" if (out / lic.file).is_file() else ""
+        lines.append(f"- {lic.covers}: {lic.spdx}, {lic.url}{text}")
+    lines += ["", "| task | category | train | valid | test | source |", "|---|---|---|---|---|---|"]
+    for task, m in rows:
+        s = m.get("sizes", {})
+        link = f"[{RELEASE_REPO}@{short} dataset/{task}]({m.get('source', '')})"
+        lines.append(
+            f"| {task} | {m.get('category', '')} | {s.get('train')} | {s.get('valid')} | {s.get('test')} | {link} |"
+        )
+    (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
