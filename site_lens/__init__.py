@@ -23,12 +23,12 @@ from .metrics import exact_match, normalize, strict_match
 from .minimal import HeadSet, score_head_sets
 from .models import load_model, model_identity
 from .models.tiny import tiny_model
-from .pipeline import evaluate, predict, run_task
+from .pipeline import evaluate, predict, predict_with_logits, run_task
 from .selection import AlphaTrainer
 from .shared import fit_shared
 from .sparse import fit_sparse, sparse_path
 from .sweep import minimal_sets
-from .tasks import Task, build_prompt, builtin_tasks, load_task
+from .tasks import Task, build_prompt, builtin_tasks, format_query, load_task
 
 __all__ = [
     "Adapter",
@@ -51,6 +51,7 @@ __all__ = [
     "fit_shared",
     "fit_site",
     "fit_sparse",
+    "format_query",
     "gate_hook",
     "generate_greedy",
     "injection_hooks",
@@ -61,6 +62,7 @@ __all__ = [
     "model_identity",
     "normalize",
     "predict",
+    "predict_with_logits",
     "run_task",
     "save_adapter",
     "score_head_sets",

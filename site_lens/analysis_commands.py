@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from .commands import check_writable
+from .commands import check_writable, require_data_for_fv
 
 
 def cmd_sparsify(args: argparse.Namespace) -> int:
@@ -28,6 +28,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     cfg = site_config_from_args(args)
     if cfg.selection is not None and cfg.selection.objective != "first_token":
         raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
+    require_data_for_fv(args.tasks, args.data)
     tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
     seeds = args.seeds or [cfg.seed]
     bad = [p for p in args.penalties if p not in ("l0", "l1")]

@@ -12,12 +12,13 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 
 from ._version import __version__
 from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
 from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
 from .config import K_GRID, SPARSE_WEIGHTS
-from .sources.commands import cmd_data_bbh, cmd_data_hf, parse_splits
+from .sources.commands import cmd_data_bbh, cmd_data_fv, cmd_data_hf, parse_splits
 
 DESCRIPTION = (
     "SITE (soft head selection for ICL-derived task embeddings) on TransformerLens: build a task embedding "
@@ -90,32 +91,35 @@ def positive_int_or_all(text: str) -> int | None:
 
 EXAMPLES = {
     "run": """examples:
-  site-lens run --task antonym
-  site-lens run --task antonym --steps 100 --out runs/antonym
+  site-lens run --task opposites
+  site-lens run --task opposites --steps 100 --out runs/opposites
   site-lens run --data path/to/fv --task country-capital --max-test all --device cuda""",
     "demo": f"""examples:
   site-lens demo                                  # tasks {DEMO_TASKS}
-  site-lens demo --tasks antonym,country-capital --out runs/demo2""",
+  site-lens demo --tasks opposites,capital-cities --out runs/demo2""",
     "predict": """examples:
   printf 'bright\\nriver\\n' | site-lens predict --adapter runs/demo/uppercase/adapter
-  site-lens predict --adapter runs/antonym/adapter --input words.txt --out answers.txt
-  site-lens predict --adapter runs/antonym/adapter --input words.txt --engine hf --device-map auto""",
+  site-lens predict --adapter runs/opposites/adapter --input words.txt --out answers.txt
+  site-lens predict --adapter runs/opposites/adapter --input words.txt --engine hf --device-map auto""",
     "tasks": """examples:
   site-lens tasks
-  site-lens tasks --data path/to/fv""",
+  site-lens tasks --data path/to/fv --json""",
     "bench": """examples:
+  site-lens bench --methods list                                        # the methods, one line each
+  site-lens bench --tasks uppercase --methods zero_shot,site --limit 20   # writes runs/bench/smollm2-135m
   site-lens bench --data path/to/fv --tasks antonym,capitalize --methods zero_shot,icl,site --seeds 0,1,2
-  site-lens bench --data path/to/fv --shard 0/4 --out results/shard0    # then: site-lens bench-merge ...""",
+  site-lens bench --data path/to/fv --shard 0/4 --out runs/bench/shard0    # then: site-lens bench-merge ...""",
     "bench-merge": """examples:
-  site-lens bench-merge results/shard0 results/shard1 --out results/smollm2-135m""",
+  site-lens bench-merge runs/bench/shard0 runs/bench/shard1 --out runs/bench/smollm2-135m""",
     "analyse": """examples:
   site-lens analyse --runs runs/fv --data path/to/fv
-  site-lens figures --runs runs/fv --out figures   # then draw""",
+  site-lens figures --runs runs/fv   # then draw, into runs/figures""",
     "sparsify": """examples:
   site-lens sparsify --data path/to/fv --tasks antonym,capitalize --seeds 0,1,2 --out runs/sparse
   site-lens sparsify --data path/to/fv --tasks antonym --penalties l0 --weights-l0 0.003,0.01 --shared
-  site-lens figures --sparse runs/sparse --out figures/sparse   # then draw""",
+  site-lens figures --sparse runs/sparse   # then draw, into runs/figures""",
     "data": """examples:
+  site-lens data fv --out data/fv                    # the 45 FV tasks with the SITE paper's splits (13 MB)
   site-lens data bbh --out data/bbh                  # pip-downloads the bigbench sdist (358 MB) once
   site-lens data bbh --sdist bigbench-1.0.0.tar.gz --tasks navigate,snarks --out data/bbh
   site-lens data hf facebook/anli --out data/anli --task-name anli_r1 \\
@@ -125,14 +129,36 @@ EXAMPLES = {
       --options options --group-by category --splits test=test
   site-lens bench --data data/bbh --tasks navigate,snarks --methods zero_shot,icl,site""",
     "figures": """examples:
-  site-lens figures --runs results/head_specificity/runs --out figures
-  site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out figures""",
+  site-lens figures --runs results/head_specificity/runs                # writes runs/figures
+  site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out runs/bench_figures
+  scripts/make_figures.sh                                               # redraws the committed figures/""",
+}
+
+DATA_EXAMPLES = {  # the data sources' own --help
+    "fv": """examples:
+  site-lens data fv --out data/fv
+  site-lens data fv --out data/fv --tasks antonym,country-capital
+  site-lens data fv --out data/fv --source https://mirror.example.org/Soft_Injection   # or a folder
+  site-lens run --data data/fv --task antonym""",
+    "bbh": """examples:
+  site-lens data bbh --out data/bbh
+  site-lens data bbh --sdist bigbench-1.0.0.tar.gz --tasks navigate,snarks --out data/bbh""",
+    "hf": """examples:
+  site-lens data hf facebook/anli --out data/anli --task-name anli_r1 \\
+      --input "Premise: {premise}\\nHypothesis: {hypothesis}" --output label \\
+      --splits train=train_r1,valid=dev_r1,test=test_r1""",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``site-lens`` argument parser, one subparser per command."""
-    parser = argparse.ArgumentParser(prog="site-lens", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog="site-lens",
+        description=textwrap.fill(DESCRIPTION, 80),
+        epilog="examples:\n  site-lens tasks\n  site-lens demo\n  site-lens run --task opposites\n"
+        "  site-lens COMMAND --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"site-lens {__version__}")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log at INFO level (also accepted after the subcommand)"
@@ -157,25 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--model",
             default=default,
-            help="smollm2-135m (default), gemma-3-270m (embedded), or a TransformerLens name (needs the hub)"
+            help=f"smollm2-135m or gemma-3-270m (embedded), or a TransformerLens name (needs the hub) (default: {default})"
             if default
             else "model name (default: the one the adapter was trained on)",
         )
-        p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, mps, ...")
-        p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps, ... (default: cpu)")
+        p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
         if not engine:
             return
         p.add_argument(
             "--engine",
             default=None,
             choices=["hooked", "bridge"],
-            help="hooked (HookedTransformer; the default on TransformerLens 3.x) or bridge (TransformerBridge; "
-            "the only engine on TransformerLens 4)",
+            help="hooked (HookedTransformer) or bridge (TransformerBridge; the only engine on TransformerLens 4) "
+            "(default: hooked on TransformerLens 3.x, bridge on 4.x)",
         )
 
     def data_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--data", default=None, help="folder of tasks: FV task folders (train/valid/test.json) or .json lists"
+            "--data",
+            default=None,
+            help="folder of tasks: FV task folders (train/valid/test.json) or .json lists (default: the built-in tasks)",
         )
 
     def site_args(p: argparse.ArgumentParser) -> None:
@@ -190,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task", required=True, help="a built-in task name, a task under --data, or a path (folder or .json)"
     )
-    p.add_argument("--out", default=None, help="output folder (default runs/MODEL/TASK)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/MODEL/TASK)")
 
     p = add("demo", cmd_demo, "SITE against zero-shot and ICL on built-in tasks: scores with intervals, figures")
     site_args(p)
@@ -198,10 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--tasks",
         type=comma_list,
         default=comma_list(DEMO_TASKS),
-        help=f"comma list of built-in tasks (default {DEMO_TASKS})",
+        help=f"comma list of built-in tasks (default: {DEMO_TASKS})",
     )
-    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    p.add_argument("--figures", default=None, help="folder for the figures (default OUT/figures)")
+    p.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
+    p.add_argument("--figures", default=None, help="folder for the figures (default: OUT/figures)")
 
     p = add(
         "predict", cmd_predict, "apply a saved adapter to new inputs (one per line); prints one generation per line"
@@ -210,48 +238,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input",
         default=None,
-        help="file of inputs, one per line; '-' or omitted: standard input (blank lines skipped)",
+        help="file of inputs, one per line, blank lines skipped; '-': standard input (default: standard input)",
     )
-    p.add_argument("--out", default=None, help="write the generations to this file instead of printing them")
+    p.add_argument("--out", default=None, help="file for the generations (default: print them)")
     p.add_argument("--with-input", action="store_true", help="print (or write) 'input<TAB>generation' lines")
     p.add_argument("--zero-shot", action="store_true", help="generate without the adapter (for comparison)")
-    p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per input (default 20)")
-    p.add_argument("--batch-size", type=int, default=64, help="inputs per generation batch (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=20, help="greedy tokens per input (default: 20)")
+    p.add_argument("--batch-size", type=int, default=64, help="inputs per generation batch (default: 64)")
     p.add_argument(
         "--engine",
         choices=("transformer-lens", "hooked", "bridge", "hf"),
         default="transformer-lens",
-        help="generate with site-lens's TransformerLens model (default: its default engine; or hooked, bridge) "
-        "or with a plain transformers model and its own generate (site_lens.models.hf)",
+        help="transformer-lens: site-lens's TransformerLens model on its default engine; hooked or bridge: on that "
+        "engine; hf: a plain transformers model and its own generate (site_lens.models.hf) (default: transformer-lens)",
     )
-    p.add_argument("--device-map", default=None, help="with --engine hf: transformers' device_map, e.g. auto")
+    p.add_argument(
+        "--device-map", default=None, help="with --engine hf: transformers' device_map, e.g. auto (default: --device)"
+    )
     model_args(p, default=None, engine=False)
 
     p = add("tasks", cmd_tasks, "list the built-in tasks, or the tasks under --data (folders and .json lists)")
     data_arg(p)
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list instead: name, category, counts per split, case_sensitive and source of each task",
+    )
 
     p = add(
         "bench", cmd_bench, "benchmark methods x tasks x seeds; resumable; writes OUT/rows/ and OUT/summary.{csv,md}"
     )
     site_args(p)
-    p.add_argument("--tasks", default="all", help="'all' (default) or a comma list of task names")
+    p.add_argument("--tasks", default="all", help="'all' or a comma list of task names (default: all)")
     p.add_argument(
         "--methods",
         default="all",
-        help="'all' (default) or a comma list: zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3, and the trained ones "
-        "with the answer-sequence objective: site_seq,i2cl_seq,lora_seq,ia3_seq, or on multiple-choice tasks the "
-        "option-token objective: site_opt,i2cl_opt,lora_opt,ia3_opt (these eight are not in 'all')",
+        help="'all', 'list' (print each method with a one-line description and exit) or a comma list: "
+        "zero_shot,icl,site,fv,tv,i2cl,mtv,lora,ia3, and the trained ones with the answer-sequence objective: "
+        "site_seq,i2cl_seq,lora_seq,ia3_seq, or on multiple-choice tasks the option-token objective: "
+        "site_opt,i2cl_opt,lora_opt,ia3_opt (these eight are not in 'all') (default: all)",
     )
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
-    p.add_argument("--out", default=None, help="output folder (default results/MODEL)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/bench/MODEL)")
     p.add_argument(
         "--shard",
         default=None,
-        help="I/N: run tasks I, I+N, ... of the sorted list (I from 0); inside a Slurm job array the default is "
-        "the array's own index and size. Processes may also share one --out: each row is locked while it runs",
+        help="I/N: run tasks I, I+N, ... of the sorted list (I from 0). Processes may also share one --out: each "
+        "row is locked while it runs (default: inside a Slurm job array, the array's own index and size; else all)",
     )
     p.add_argument(
-        "--n-devices", type=int, default=1, help="devices to split the model over (TransformerLens names only)"
+        "--n-devices",
+        type=int,
+        default=1,
+        help="devices to split the model over (TransformerLens names only) (default: 1)",
     )
 
     p = add("bench-merge", cmd_bench_merge, "merge bench output folders (shards) into one summary")
@@ -260,19 +299,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("analyse", cmd_analyse, "patching, CIE and transfer for run folders (loads the model; slow)")
     p.add_argument(
-        "--runs", required=True, help="folder searched recursively for run folders (results.json + adapter/)"
+        "--runs",
+        required=True,
+        help="folder searched recursively for run folders (results.json + adapter/); the analyses are written into them",
     )
     model_args(p)
     data_arg(p)
     p.add_argument(
         "--max-test",
+        "--limit",
         type=positive_int_or_all,
         default=100,
         metavar="N|all",
         help="test items for patching and transfer (default: 100)",
     )
-    p.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE (default 25)")
-    p.add_argument("--draws", type=int, default=5, help="random head sets per k (default 5)")
+    p.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE (default: 25)")
+    p.add_argument("--draws", type=int, default=5, help="random head sets per k (default: 5)")
     p.add_argument("--redo", action="store_true", help="recompute analyses that already exist")
 
     p = add(
@@ -281,38 +323,38 @@ def build_parser() -> argparse.ArgumentParser:
         "minimal head sets: sparse SITE swept over its penalty against top-k by alpha, by CIE and random k; resumable",
     )
     site_args(p)
-    p.add_argument("--tasks", required=True, help="comma list of task names (or 'all')")
+    p.add_argument("--tasks", required=True, help="'all' or a comma list of task names")
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
-    p.add_argument("--out", default="runs/sparse", help="output folder (default runs/sparse)")
-    p.add_argument("--penalties", type=comma_list, default=["l0", "l1"], help="l0, l1 or both (default l0,l1)")
+    p.add_argument("--out", default="runs/sparse", help="output folder (default: runs/sparse)")
+    p.add_argument("--penalties", type=comma_list, default=["l0", "l1"], help="l0, l1 or both (default: l0,l1)")
     p.add_argument(
         "--weights-l0",
         type=float_list,
         default=list(SPARSE_WEIGHTS["l0"]),
-        help=f"l0 weights, nats per open head (default {','.join(map(str, SPARSE_WEIGHTS['l0']))})",
+        help=f"l0 weights, nats per open head (default: {','.join(map(str, SPARSE_WEIGHTS['l0']))})",
     )
     p.add_argument(
         "--weights-l1",
         type=float_list,
         default=list(SPARSE_WEIGHTS["l1"]),
-        help=f"l1 weights (default {','.join(map(str, SPARSE_WEIGHTS['l1']))})",
+        help=f"l1 weights (default: {','.join(map(str, SPARSE_WEIGHTS['l1']))})",
     )
     p.add_argument(
-        "--path-steps", type=int, default=100, help="steps per weight along the warm-started path (default 100)"
+        "--path-steps", type=int, default=100, help="steps per weight along the warm-started path (default: 100)"
     )
     p.add_argument(
         "--ks",
         type=int_list,
         default=list(K_GRID),
-        help=f"k grid of the rankings, plus every head (default {','.join(map(str, K_GRID))})",
+        help=f"k grid of the rankings, plus every head (default: {','.join(map(str, K_GRID))})",
     )
-    p.add_argument("--draws", type=int, default=2, help="random k-sets per k (default 2)")
+    p.add_argument("--draws", type=int, default=2, help="random k-sets per k (default: 2)")
     p.add_argument(
         "--score-valid",
         type=positive_int_or_all,
         default=100,
         metavar="N|all",
-        help="valid items that score the head sets, to choose k, weight and threshold (default 100)",
+        help="valid items that score the head sets, to choose k, weight and threshold (default: 100)",
     )
     p.add_argument(
         "--rankings-seeds",
@@ -325,19 +367,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redo", action="store_true", help="recompute finished (task, seed) folders")
 
-    p = add("data", None, "build task folders: BIG-Bench Hard-style tasks from the bigbench sdist, or a hub dataset")
-    data_sub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="bbh or hf")
-    q = data_sub.add_parser("bbh", parents=[verbose], help="BBH-style tasks from the bigbench==1.0.0 sdist")
+    p = add(
+        "data",
+        None,
+        "build task folders: the 45 FV tasks with the SITE paper's splits, BIG-Bench Hard-style tasks from the "
+        "bigbench sdist, or a hub dataset",
+    )
+    data_sub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="fv, bbh or hf")
+    q = data_sub.add_parser(
+        "fv",
+        parents=[verbose],
+        help="download the 45 function-vector tasks with the SITE paper's train/valid/test splits",
+        description="Download the 45 function-vector tasks (Todd et al. 2024, MIT) with the train/valid/test\n"
+        "splits of the SITE paper's code release (github.com/SNU-DRL/Soft_Injection, Apache-2.0, at a\n"
+        "pinned commit): one folder per task (train.json, valid.json, test.json as released, and\n"
+        "meta.json), the two licence texts and a README.md. Each file is checked (items, count, sha256);\n"
+        "a task folder already complete is skipped, and an interrupted run leaves only complete ones.",
+        epilog=DATA_EXAMPLES["fv"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.set_defaults(func=cmd_data_fv)
+    q.add_argument("--out", required=True, help="folder for the task folders and README.md, e.g. data/fv")
+    q.add_argument("--tasks", type=comma_list, default=None, help="comma list of FV tasks (default: all 45)")
+    q.add_argument(
+        "--source",
+        default=None,
+        help="a mirror of the release: a base URL, a file:// URL or a folder holding dataset/TASK/{train,valid,"
+        "test}.json (and LICENSE, function_vectors/LICENSE) (default: raw.githubusercontent.com at the pinned commit)",
+    )
+    q.add_argument("--overwrite", action="store_true", help="replace task folders that are not the release's")
+    q = data_sub.add_parser(
+        "bbh",
+        parents=[verbose],
+        help="BBH-style tasks from the bigbench==1.0.0 sdist",
+        description="BBH-style tasks from the bigbench==1.0.0 sdist: one task folder each, and a README.md",
+        epilog=DATA_EXAMPLES["bbh"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     q.set_defaults(func=cmd_data_bbh)
     q.add_argument("--out", required=True, help="folder for the task folders and README.md")
     q.add_argument("--sdist", default=None, help="a local bigbench-1.0.0.tar.gz (default: pip download it once)")
     q.add_argument("--tasks", type=comma_list, default=None, help="comma list of BBH subtasks (default: all 27)")
-    q.add_argument("--seed", type=int, default=0, help="seed of the splits and the option order (default 0)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the splits and the option order (default: 0)")
     q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
-    q = data_sub.add_parser("hf", parents=[verbose], help="a datasets.load_dataset dataset into the task layout")
+    q = data_sub.add_parser(
+        "hf",
+        parents=[verbose],
+        help="a datasets.load_dataset dataset into the task layout",
+        description="a datasets.load_dataset dataset into the task layout (a folder of train/valid/test.json)",
+        epilog=DATA_EXAMPLES["hf"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     q.set_defaults(func=cmd_data_hf)
     q.add_argument("name", help="dataset name for datasets.load_dataset, e.g. facebook/anli")
-    q.add_argument("--config", default=None, help="dataset configuration name")
+    q.add_argument(
+        "--config", default=None, help="dataset configuration name, as load_dataset's second argument (default: none)"
+    )
     q.add_argument("--out", required=True, help="folder for the task folder(s)")
     q.add_argument("--task-name", default=None, help="task folder name (default: from the dataset name)")
     q.add_argument(
@@ -353,11 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--splits",
         type=parse_splits,
         default={"train": "train", "valid": "validation", "test": "test"},
-        help="OURS=THEIRS pairs for all three splits (default train=train,valid=validation,test=test), or one pair: "
-        "that split is divided",
+        help="OURS=THEIRS pairs for all three splits, or one pair: that split is divided "
+        "(default: train=train,valid=validation,test=test)",
     )
-    q.add_argument("--max-items", type=int, default=None, help="sample at most this many rows per split (seeded)")
-    q.add_argument("--seed", type=int, default=0, help="seed of sampling and of a divided split (default 0)")
+    q.add_argument(
+        "--max-items", type=int, default=None, help="sample at most this many rows per split, seeded (default: all)"
+    )
+    q.add_argument("--seed", type=int, default=0, help="seed of sampling and of a divided split (default: 0)")
     q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
 
     p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")
@@ -370,7 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--bench", type=comma_list, default=None, help="comma list of bench output folders (each with rows.csv)"
     )
     p.add_argument("--sparse", default=None, help="a sparsify output folder: recovery against k, minimal sets, overlap")
-    p.add_argument("--out", default="figures", help="folder for the figures (default figures/)")
+    p.add_argument(
+        "--out",
+        default="runs/figures",
+        help="folder for the figures, with one plotly.min.js the HTML files load (default: runs/figures, not "
+        "tracked by git; the committed figures/ are redrawn by scripts/make_figures.sh, which passes --out figures)",
+    )
     p.add_argument("--tables", default=None, help="also write the run summary tables as CSV into this folder")
     return parser
 

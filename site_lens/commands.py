@@ -62,7 +62,7 @@ def _cell(rate: float, n: int) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     """Scores with n and a 95 % Wilson interval each, and the cost per query."""
-    head = f"{'task':<16} {'method':<9} {'n':>4}  {'first token':<17} {'exact match':<17} {'strict match':<17} {'ms/query':>8}"
+    head = f"{'task':<16} {'method':<9} {'n':>4}  {'first token':<17} {'prefix match':<17} {'strict match':<17} {'ms/query':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
         n = int(r["n"])
@@ -72,6 +72,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['ms_per_query']:>8.1f}"
         )
     return "\n".join(lines)
+
+
+def require_data_for_fv(names: str, data_dir: str | None) -> None:
+    """An FV task name in a comma list without --data fails with the hint where to get the FV tasks."""
+    from .tasks import ABSTRACTIVE, EXTRACTIVE, TaskError, fv_hint
+
+    if data_dir is None:
+        for name in (s.strip() for s in names.split(",")):
+            if name in ABSTRACTIVE | EXTRACTIVE:
+                raise TaskError(fv_hint(name))
 
 
 def _check_backend(model, cfg) -> None:
@@ -170,7 +180,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(_table(_rows(res)).split("\n", 2)[-1], flush=True)
     print()
     print(_table(rows))
-    print("[lo, hi]: 95 % Wilson interval over the n test items. ms/query: generation cost per test item.")
+    print(
+        "[lo, hi]: 95 % Wilson interval over the n test items. prefix match: the paper's exact match (the answer\n"
+        "starts the first line); strict: the first line is the answer. ms/query: batched generation time per test item."
+    )
     from .io import load_adapter
     from .plots import alpha_heatmap, save_figure, training_curve
 
@@ -192,7 +205,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .config import EvalConfig
     from .io import load_adapter, write_text_atomic
     from .models import load_model, model_identity
-    from .pipeline import predict
+    from .pipeline import answer_line, predict
     from .tasks import TaskError, format_query
 
     cfg = EvalConfig(
@@ -219,7 +232,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(Path(args.out).parent)
     name = args.model or adapter.model.get("name")
-    prompts = [format_query(x) for x in inputs]
     if args.engine == "hf":  # transformers' own generate, the adapter injected by site_lens.models.hf
         from .models import hf
 
@@ -229,17 +241,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
         gens = hf.generate(
             model,
             tok,
-            prompts,
+            [format_query(x) for x in inputs],  # the zero-shot prompt, as predict writes it
             None if args.zero_shot else adapter,
             max_new_tokens=cfg.max_new_tokens,
             batch_size=cfg.batch_size,
         )
+        lines = [answer_line(g) for g in gens]
     else:
         engine = None if args.engine == "transformer-lens" else args.engine
         model = load_model(name, device=args.device, dtype=args.dtype, engine=engine)
         adapter.check_model(model_identity(model))
-        gens, _ = predict(model, prompts, None if args.zero_shot else adapter, cfg)
-    lines = [g.strip().split("\n")[0].strip() for g in gens]
+        lines = predict(model, inputs, None if args.zero_shot else adapter, cfg)
     if args.with_input:
         lines = [f"{x}\t{y}" for x, y in zip(inputs, lines)]
     if args.out:
@@ -250,10 +262,31 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def task_listing(data_dir: str | None) -> list[dict[str, Any]]:
+    """``site-lens tasks --json``: name, category, counts per split, case sensitivity and source of each task."""
+    from .bench import available_tasks
+    from .tasks import SPLITS, category, load_task
+
+    out = []
+    for n in available_tasks(data_dir):
+        t = load_task(n, data_dir=data_dir)
+        counts = {s: len(t.split(s)) for s in SPLITS}
+        out.append(
+            {"name": n, "category": category(t), **counts, "case_sensitive": bool(t.case_sensitive), "source": t.source}
+        )
+    return out
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
+    """The built-in tasks, or those under --data: one line each, or with --json a JSON list."""
     from .bench import available_tasks
     from .tasks import category, load_task
 
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps(task_listing(args.data), indent=1))
+        return 0
     for n in available_tasks(args.data):
         t = load_task(n, data_dir=args.data)
         print(
@@ -270,6 +303,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .methods import METHODS
     from .models import load_model
 
+    if args.methods.strip() == "list":
+        from .methods import describe_method
+
+        for m in METHODS:
+            print(f"{m:<10} {describe_method(m)}")
+        return 0
     cfg = site_config_from_args(args)  # a bad config value fails before the model loads
     from .methods import OPTION_METHODS, SEQUENCE_METHODS
 
@@ -279,9 +318,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     part = args.shard or bench.slurm_shard()
     if part and not args.shard:
         print(f"Slurm job array: shard {part}", flush=True)
+    require_data_for_fv(args.tasks, args.data)
     tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), part)
     seeds = args.seeds or [cfg.seed]
-    out = Path(args.out) if args.out else Path("results") / args.model
+    out = Path(args.out) if args.out else Path("runs") / "bench" / args.model
     check_writable(out)
     model = load_model(
         args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices, engine=getattr(args, "engine", None)

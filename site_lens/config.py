@@ -94,7 +94,7 @@ class EvalConfig(_Config):
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
     batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
-    max_test: int | None = 100  # score only the first N test items; 'all' scores every one (default: 100)
+    max_test: int | None = field(default=100, metadata={"aliases": ("limit",)})  # score only the first N test items; 'all' scores every one (default: 100)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -192,15 +192,22 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
         if f.type in ("EmbeddingConfig | None", "SelectionConfig | None", "EvalConfig | None"):
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+        # other names of the flag, e.g. --limit for --max-test (lm-evaluation-harness's name)
+        aliases = [f"--{a}" for a in f.metadata.get("aliases", ())]
         default = f.default if f.default is not MISSING else None
         dest = f"{cls.__name__}.{f.name}"
         text = helps.get(f.name, "")
         if f.type == "bool":
-            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
+            shown = f" (default: {flag if default else '--no-' + flag[2:]})"
+            group.add_argument(
+                flag, *aliases, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text + shown
+            )
         else:
             shown = "" if "default" in text else f" (default: {'all' if default is None else default})"
             metavar = "N|all" if "None" in str(f.type) else flag[2:].upper().replace("-", "_")
-            group.add_argument(flag, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown)
+            group.add_argument(
+                flag, *aliases, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown
+            )
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:

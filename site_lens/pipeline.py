@@ -3,6 +3,7 @@
     fit = fit_site(model, task)                                  # stages 1 and 2 (methods.site)
     result = evaluate(model, task, "site", fit.adapter)          # stage 3, scored
     results, adapter = run_task(model, task)                     # all of it, as results.json
+    answers = predict(model, ["river", "candle"], fit.adapter)   # raw inputs, as site-lens predict
 
 Every method here is the benchmark's (``methods``): fitted and scored by
 ``bench.run_row``, so ``run`` and ``bench`` give the same numbers.
@@ -21,19 +22,52 @@ from .io import Adapter
 from .methods import ICL, Method, Site, TaskContext, ZeroShot, configured, score_method
 from .models import model_identity
 from .models.engines import Model
-from .tasks import Task, category
+from .tasks import Task, category, format_query
 
 RUN_METHODS = ("zero_shot", "icl", "site")
 RESULT_KEYS = ("first_token_acc", "exact_match", "strict_match")
 
 
+def answer_line(generation: str) -> str:
+    """A generation's answer as ``predict`` and ``site-lens predict`` give it: its first line, stripped."""
+    return generation.strip().split("\n")[0].strip()
+
+
 def predict(
+    model: Model,
+    inputs: Sequence[str],
+    adapter: Adapter | None = None,
+    cfg: EvalConfig | None = None,
+    *,
+    formatted: bool = False,
+) -> list[str]:
+    """The model's answers to raw inputs, with SITE injected if an adapter is given; as ``site-lens predict``.
+
+    Each input x goes into the zero-shot prompt ``format_query(x)``, 'Q: {x}\\nA:', unless ``formatted``
+    is True: then the inputs are whole prompts already (from ``format_query`` or ``build_prompt``).
+    Generation is greedy, ``cfg.max_new_tokens`` tokens at most (``EvalConfig()``: 20), and each answer
+    is its generation's first line, stripped (``answer_line``). ``predict_with_logits`` gives the raw
+    generations and the first-step logits.
+
+        sl.predict(model, ["river", "candle"], adapter)   # -> e.g. ['RIVER', 'CANDLE']
+    """
+    if isinstance(inputs, str):
+        raise TypeError("predict takes a list of inputs, not one string: predict(model, [x], ...)")
+    prompts = list(inputs) if formatted else [format_query(x) for x in inputs]
+    gens, _ = predict_with_logits(model, prompts, adapter, cfg)
+    return [answer_line(g) for g in gens]
+
+
+def predict_with_logits(
     model: Model,
     prompts: Sequence[str],
     adapter: Adapter | None = None,
     cfg: EvalConfig | None = None,
 ) -> tuple[list[str], torch.Tensor]:
-    """Greedy generations (and first-step logits) for prompt strings, with SITE injected if an adapter is given."""
+    """Raw greedy generations and the first-step logits [batch, d_vocab] for whole prompt strings.
+
+    The prompts are used as given (no formatting); SITE is injected if an adapter is given.
+    """
     method: Method = Site.from_adapter(adapter) if adapter is not None else ZeroShot()
     return method.predict(model, prompts, cfg)
 

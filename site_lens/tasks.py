@@ -258,6 +258,8 @@ def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> T
             task = load_task_file(f, name=str(name_or_path))
         task.source = f"builtin:{name_or_path}"
         return task
+    if str(name_or_path) in ABSTRACTIVE | EXTRACTIVE:
+        raise TaskError(fv_hint(str(name_or_path)))
     raise TaskError(f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_tasks())}; or pass --data DIR or a path")
 
 
@@ -306,6 +308,14 @@ EXTRACTIVE = frozenset(
     ]
     + ["choose_middle_of_3", "fruit_v_animal_3", "conll2003_location", "conll2003_person", "squad_val"]
 )
+
+
+def fv_hint(name: str) -> str:
+    """The one-line message for an FV task name asked for without a data folder: where to get the tasks."""
+    return (
+        f"'{name}' is a function-vector task, not built in: get the {len(ABSTRACTIVE | EXTRACTIVE)} FV tasks with "
+        f"`site-lens data fv --out data/fv`, then load_task('{name}', data_dir='data/fv') (CLI: --data data/fv)"
+    )
 
 
 def category(task: Task | str) -> str:

@@ -60,7 +60,7 @@ def test_hook_z_fires_and_logits_equal_hf(bridge):
 
 
 def test_stages_and_patching_run(bridge):
-    task = load_task("antonym")
+    task = load_task("opposites")
     fit = fit_site(bridge, task, _cfg())
     t, alpha = fit.adapter.t, fit.adapter.alpha
     c = bridge.cfg
@@ -119,15 +119,15 @@ def test_bridge_agrees_with_hooked(arch, tok):
     # one identity: the same weights and name on both engines
     ih, ib = model_identity(hooked), model_identity(bridge)
     assert ih["weights_sha256"] == ib["weights_sha256"]
-    fit = fit_site(hooked, load_task("antonym"), _cfg())
+    fit = fit_site(hooked, load_task("opposites"), _cfg())
     fit.adapter.check_model(ib)  # a HookedTransformer adapter applies to the bridge of the same model
-    b_fit = fit_site(bridge, load_task("antonym"), _cfg())
+    b_fit = fit_site(bridge, load_task("opposites"), _cfg())
     b_fit.adapter.check_model(ih)  # and the reverse
 
 
 def test_adapters_refused_across_name_or_weights(tok):
     base = tiny_bridge("llama", tok, seed=0, name="tiny-llama-base")
-    fit = fit_site(base, load_task("antonym"), _cfg())
+    fit = fit_site(base, load_task("opposites"), _cfg())
     same = tiny_bridge("llama", tok, seed=0, name="tiny-llama-base")
     fit.adapter.check_model(model_identity(same))
     renamed = tiny_bridge("llama", tok, seed=0, name="tiny-llama-instruct")
@@ -140,7 +140,7 @@ def test_adapters_refused_across_name_or_weights(tok):
 
 def test_processed_bridge_refused(tok):
     raw = tiny_bridge("llama", tok)
-    fit = fit_site(raw, load_task("antonym"), _cfg())
+    fit = fit_site(raw, load_task("opposites"), _cfg())
     processed = tiny_bridge("llama", tok)
     processed.enable_compatibility_mode(disable_warnings=True)
     register(processed, "tiny-llama")
@@ -231,7 +231,7 @@ def test_a_split_device_map_and_a_float64_layer(tmp_path):
     plain = load_model(str(tmp_path / "tiny"), engine="bridge")
     mapped = load_model(str(tmp_path / "tiny"), engine="bridge", device_map=split)
     assert model_identity(plain) == model_identity(mapped)
-    fit = fit_site(plain, load_task("antonym"), _cfg())
+    fit = fit_site(plain, load_task("opposites"), _cfg())
     fit.adapter.check_model(model_identity(mapped))
     prompts = encode(plain, PROMPTS)
     want = generate_greedy(plain, prompts, max_new_tokens=4, prefill_hooks=lambda last: fit.adapter.hooks(plain, last))

@@ -38,7 +38,7 @@ def test_options_and_accepted_answers_load_with_their_items(tmp_path):
     (c0, c1) = task.split_choices("test")[:2]
     assert c0 == Choice(options=("(A)", "(B)"), answers=("(B)", "B"))
     assert c1.answers == ("(A)",)
-    assert load_task("antonym").split_choices("test") is None
+    assert load_task("opposites").split_choices("test") is None
     # a single list keeps each item's choice with it through the 70/9/21 split
     f = tmp_path / "one.json"
     items = [{"input": f"x{i}", "output": str(i % 3), "options": ["0", "1", "2"]} for i in range(30)]
@@ -130,5 +130,5 @@ def test_score_method_reports_option_accuracy_on_multiple_choice_tasks(model, tm
     assert res["option_acc"] == option_accuracy(
         lp, [c.options.index(y) for (_, y), c in zip(task.test, task.split_choices("test"))]
     )
-    plain = score_method(model, ZeroShot(), load_task("antonym"), 0, EvalConfig(max_new_tokens=2, max_test=3))
+    plain = score_method(model, ZeroShot(), load_task("opposites"), 0, EvalConfig(max_new_tokens=2, max_test=3))
     assert "option_acc" not in plain

@@ -27,7 +27,7 @@ def test_cached_last_token_matches_full_forward(model):
 
 
 def test_shuffled_label_prompts_keep_labels_and_shots():
-    task = load_task("antonym")
+    task = load_task("opposites")
     pairs = shuffled_label_prompts(task, n_prompts=4, n_shots=3, seed=1)
     assert len(pairs) == 4
     for prompt, answer in pairs:
@@ -36,7 +36,7 @@ def test_shuffled_label_prompts_keep_labels_and_shots():
 
 
 def test_cie_shape_and_zero_when_t_is_the_corrupted_mean(model):
-    task = load_task("antonym")
+    task = load_task("opposites")
     pairs = shuffled_label_prompts(task, n_prompts=1, n_shots=2, seed=0)
     # t equal to the corrupted prompt's own z: patching changes nothing, so CIE = 0
     t = build_task_embedding(model, [p for p, _ in pairs])
@@ -46,7 +46,7 @@ def test_cie_shape_and_zero_when_t_is_the_corrupted_mean(model):
 
 
 def test_cie_nonzero_for_other_embedding(model):
-    task = load_task("antonym")
+    task = load_task("opposites")
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
     cie = causal_indirect_effect(model, task, t, n_prompts=3, n_shots=2)
     assert cie.abs().max() > 0
@@ -58,7 +58,7 @@ def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
     from site_lens.cie import _prompts_and_targets
     from site_lens.gate import injection_hooks
 
-    task = load_task("antonym")
+    task = load_task("opposites")
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
     from site_lens.backend import backend_for
 
@@ -90,7 +90,7 @@ def test_cie_falls_back_to_hooks_on_unsupported_models():
     from helpers import tiny
 
     ln = tiny(normalization_type="LN", final_rms=False)
-    task = load_task("antonym")
+    task = load_task("opposites")
     t = torch.randn(ln.cfg.n_layers, ln.cfg.n_heads, ln.cfg.d_head) * 3
     from site_lens.backend import backend_for
 

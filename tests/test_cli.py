@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from helpers import needs_hooked
 
 from site_lens.cli import main
 
@@ -15,9 +16,13 @@ def _err(capsys):
     [
         (["run", "--task", "no-such-task"], "unknown task"),
         (["run", "--task", "antonym", "--data", "/no/such/dir"], "data folder not found"),
-        (["run", "--task", "antonym", "--model", "no-such-model"], "unknown model 'no-such-model'"),
-        (["run", "--task", "antonym", "--shots", "200"], "examples; 201 are needed"),
-        (["run", "--task", "antonym", "--steps", "-1"], "steps must be >= 0"),
+        (["run", "--task", "opposites", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["run", "--task", "opposites", "--shots", "200"], "examples; 201 are needed"),
+        (["run", "--task", "opposites", "--steps", "-1"], "steps must be >= 0"),
+        (["run", "--task", "antonym"], "'antonym' is a function-vector task, not built in"),
+        (["demo", "--tasks", "uppercase,country-capital"], "site-lens data fv --out data/fv"),
+        (["bench", "--tasks", "antonym"], "load_task('antonym', data_dir='data/fv') (CLI: --data data/fv)"),
+        (["sparsify", "--tasks", "squad_val"], "'squad_val' is a function-vector task"),
     ],
 )
 def test_bad_input_is_one_line_error_exit_2(capsys, argv, message, tmp_path, monkeypatch):
@@ -37,7 +42,7 @@ def test_bad_task_file(tmp_path, capsys):
 def test_unwritable_output_fails_before_work(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert main(["run", "--task", "antonym", "--out", str(blocker / "sub")]) == 2
+    assert main(["run", "--task", "opposites", "--out", str(blocker / "sub")]) == 2
     assert "not writable" in _err(capsys)
 
 
@@ -57,7 +62,8 @@ def test_usage_error_exit_code(capsys):
 
 def test_tasks_lists_builtins(capsys):
     assert main(["tasks"]) == 0
-    assert "antonym" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "opposites" in out and "uppercase" in out and "antonym" not in out
 
 
 def test_write_json_atomic_leaves_no_temp(tmp_path):
@@ -125,7 +131,7 @@ def test_multi_value_flags_take_comma_lists():
     from site_lens.cli import build_parser
 
     parser = build_parser()
-    assert parser.parse_args(["demo", "--tasks", "antonym, uppercase"]).tasks == ["antonym", "uppercase"]
+    assert parser.parse_args(["demo", "--tasks", "opposites, uppercase"]).tasks == ["opposites", "uppercase"]
     assert parser.parse_args(["bench", "--seeds", "3,1,3"]).seeds == [3, 1]
     assert parser.parse_args(["figures", "--bench", "a,b"]).bench == ["a", "b"]
 
@@ -164,12 +170,21 @@ def test_run_then_predict_with_the_saved_adapter(tmp_path, monkeypatch, capsys):
     assert main(["predict", "--adapter", str(out / "adapter"), "--input", str(inputs), "--max-new-tokens", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2  # the blank line is skipped
-    from site_lens import load_adapter, predict
+    import site_lens as sl
     from site_lens.config import EvalConfig
-    from site_lens.tasks import format_query
 
-    gens, _ = predict(model, [format_query("a"), format_query("b")], load_adapter(out / "adapter"), EvalConfig(max_new_tokens=2))
-    assert lines == [g.strip().split("\n")[0].strip() for g in gens]
+    adapter, cfg = sl.load_adapter(out / "adapter"), EvalConfig(max_new_tokens=2)
+    answers = sl.predict(model, ["a", "b"], adapter, cfg)  # raw inputs, as the command reads them
+    assert answers == lines and all(isinstance(a, str) for a in answers)
+    prompts = [sl.format_query("a"), sl.format_query("b")]
+    assert sl.predict(model, prompts, adapter, cfg, formatted=True) == lines
+    gens, logits = sl.predict_with_logits(model, prompts, adapter, cfg)
+    assert [g.strip().split("\n")[0].strip() for g in gens] == lines and logits.shape[0] == 2
+    argv = ["predict", "--adapter", str(out / "adapter"), "--input", str(inputs), "--max-new-tokens", "2"]
+    assert main([*argv, "--zero-shot"]) == 0
+    assert capsys.readouterr().out.splitlines() == sl.predict(model, ["a", "b"], None, cfg)
+    with pytest.raises(TypeError, match="list of inputs"):
+        sl.predict(model, "a", adapter, cfg)
     assert main(["predict", "--adapter", str(out / "adapter"), "--input", str(inputs), "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
     monkeypatch.setattr("sys.stdin", io.StringIO("a\n"))
@@ -225,3 +240,89 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     assert "unknown penalty" in capsys.readouterr().err
     assert main(["figures", "--sparse", str(out), "--out", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "fig" / "minimal_k_recovery_em.html").is_file()
+
+
+def test_limit_is_an_alias_of_max_test():
+    from site_lens.cli import build_parser
+    from site_lens.config import site_config_from_args
+
+    parser = build_parser()
+    for argv in (["run", "--task", "x"], ["demo"], ["bench"], ["sparsify", "--tasks", "x"]):
+        assert site_config_from_args(parser.parse_args([*argv, "--limit", "7"])).eval.max_test == 7, argv
+        assert site_config_from_args(parser.parse_args([*argv, "--limit", "all"])).eval.max_test is None, argv
+    assert parser.parse_args(["analyse", "--runs", "r", "--limit", "5"]).max_test == 5
+
+
+def test_tasks_json_lists_names_categories_counts_and_sources(tmp_path, capsys):
+    from site_lens.tasks import builtin_tasks
+
+    assert main(["tasks", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [t["name"] for t in listed] == builtin_tasks()
+    up = next(t for t in listed if t["name"] == "uppercase")
+    assert up == {"name": "uppercase", "category": "other", "train": 336, "valid": 43, "test": 101,
+                  "case_sensitive": True, "source": "builtin:uppercase"}  # fmt: skip
+    (tmp_path / "antonym").mkdir()
+    for split, n in (("train", 3), ("valid", 1), ("test", 2)):
+        (tmp_path / "antonym" / f"{split}.json").write_text(json.dumps([{"input": "a", "output": "b"}] * n))
+    assert main(["tasks", "--data", str(tmp_path), "--json"]) == 0
+    (fv,) = json.loads(capsys.readouterr().out)
+    assert (fv["name"], fv["category"], fv["train"], fv["valid"], fv["test"]) == ("antonym", "abstractive", 3, 1, 2)
+    assert fv["source"] == str(tmp_path / "antonym")
+
+
+def test_bench_methods_list_prints_each_method_and_loads_no_model(monkeypatch, capsys):
+    import site_lens.models
+    from site_lens.methods import METHODS
+
+    monkeypatch.setattr(site_lens.models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    assert main(["bench", "--methods", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(METHODS)
+    assert all(len(line.split(maxsplit=1)) == 2 for line in lines)  # a description on each line
+    assert any(line.startswith("site_seq") and "answer-sequence" in line for line in lines)
+
+
+@needs_hooked("the tiny model")
+def test_bench_without_out_writes_under_runs_in_the_cwd_and_resumes(tmp_path, monkeypatch, capsys):
+    from helpers import tiny
+
+    import site_lens.models
+
+    model = tiny()
+    monkeypatch.setattr(site_lens.models, "load_model", lambda *a, **k: model)
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "--tasks", "uppercase", "--methods", "zero_shot", "--limit", "3", "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    out = tmp_path / "runs" / "bench" / "smollm2-135m"
+    computed = "zero_shot  first-tok"  # the line bench prints for each row it computes
+    assert computed in capsys.readouterr().out and (out / "summary.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing else written in the cwd
+    rows = (out / "rows.csv").read_text()
+    import csv
+
+    (row,) = csv.DictReader(rows.splitlines())
+    assert (row["task"], row["method"], row["n_test"]) == ("uppercase", "zero_shot", "3")  # --limit 3
+    assert main(argv) == 0  # resumed: the row is done, nothing recomputed
+    assert computed not in capsys.readouterr().out and (out / "rows.csv").read_text() == rows
+
+
+def test_every_help_gives_its_default_in_one_format():
+    """'(default: X)' everywhere: not '(default X)', 'X (default)' or '(default)'."""
+    import argparse
+    import re
+
+    from site_lens.cli import build_parser
+
+    def parsers(p, name):
+        yield name, p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for n, sp in a.choices.items():
+                    yield from parsers(sp, f"{name} {n}")
+
+    for name, p in parsers(build_parser(), "site-lens"):
+        assert p.description and p.epilog and "examples:" in p.epilog, name
+        for a in p._actions:
+            h = a.help or ""
+            assert not re.search(r"\(default(?!: )|default\)", h), (name, a.option_strings, h)

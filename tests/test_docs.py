@@ -8,6 +8,7 @@ parser, every ``make`` target must exist, every script named must exist.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -34,6 +35,48 @@ SHELL = blocks("bash")
 
 def test_docs_have_code():
     assert len(PY) >= 3 and len(SHELL) >= 5
+    assert _outputs(), "README's quickstart shows its output in a text block after the code"
+
+
+OUTSIDE = re.compile(r"""(?:^|[\s=,'"(])((?:\.\./|~/|/(?!dev/null))[\w.-][^\s,'")]*)""")
+
+
+@pytest.mark.parametrize("block", [b for _, b in SHELL + PY], ids=[i for i, _ in SHELL + PY])
+def test_commands_name_no_path_outside_the_repository(block):
+    """A reader has the repository and nothing else: no ../, ~/ or absolute paths in commands or code."""
+    code = "\n".join(re.split(r"(?:^|\s)#", line)[0] for line in block.splitlines())  # comments are prose
+    assert not OUTSIDE.findall(code), OUTSIDE.findall(code)
+
+
+def _outputs() -> list[tuple[str, str, str]]:
+    """(id, python code, printed output) for each python block followed at once by a ```text block."""
+    out = []
+    for doc in DOCS:
+        ms = list(FENCE.finditer(doc.read_text()))
+        text = doc.read_text()
+        for i, (m, n) in enumerate(itertools.pairwise(ms)):
+            gap = text[m.end() : n.start()]
+            if m.group(1) == "python" and n.group(1) == "text" and not gap.strip():
+                out.append((f"{doc.relative_to(ROOT)}#{i}", m.group(2), n.group(2)))
+    return out
+
+
+NUMBER = re.compile(r"-?\d+\.\d+")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code,shown", [(c, o) for _, c, o in _outputs()], ids=[i for i, _, _ in _outputs()])
+def test_shown_output_is_what_the_code_prints(code, shown, tmp_path, monkeypatch, capsys):
+    """The text block after a python block is its output: the same words, numbers within 0.02."""
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_block__"})  # noqa: S102 (the documented code is the test)
+    printed = capsys.readouterr().out
+    assert NUMBER.sub("#", printed).split() == NUMBER.sub("#", shown).split(), printed
+    for got, want in zip(NUMBER.findall(printed), NUMBER.findall(shown), strict=True):
+        assert abs(float(got) - float(want)) <= 0.02 + 1e-9, (got, want, printed)
+
+
+SHOWN = {c for _, c, _ in _outputs()}  # blocks run by test_shown_output_is_what_the_code_prints
 
 
 def _slow(code: str) -> bool:
@@ -42,7 +85,7 @@ def _slow(code: str) -> bool:
 
 @pytest.mark.parametrize(
     "code",
-    [pytest.param(c, id=i, marks=[pytest.mark.slow] if _slow(c) else []) for i, c in PY],
+    [pytest.param(c, id=i, marks=[pytest.mark.slow] if _slow(c) else []) for i, c in PY if c not in SHOWN],
 )
 def test_python_blocks_run(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -31,7 +31,7 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
     from site_lens import SiteConfig, evaluate, fit_site, load_task
     from site_lens.config import SelectionConfig
 
-    task = load_task("antonym")
+    task = load_task("opposites")
     cfg = SiteConfig(selection=SelectionConfig(steps=150, eval_every=50))
     fit = fit_site(smollm, task, cfg)
     adapter, history = fit.adapter, fit.history

@@ -190,7 +190,7 @@ def _prompts(n: int = 50) -> list[str]:
     from site_lens.tasks import format_query, load_task
 
     rng = random.Random(0)
-    items = [x for name in ("uppercase", "first-letter", "antonym", "next-number") for x, _ in load_task(name).test]
+    items = [x for name in ("uppercase", "first-letter", "opposites", "next-number") for x, _ in load_task(name).test]
     return [format_query(x) for x in rng.sample(items, n)]
 
 

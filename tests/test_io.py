@@ -5,7 +5,7 @@ import torch
 
 from site_lens.io import Adapter, AdapterError, load_adapter, save_adapter
 from site_lens.models import model_identity
-from site_lens.pipeline import predict
+from site_lens.pipeline import predict, predict_with_logits
 
 
 def _adapter(model):
@@ -23,9 +23,9 @@ def test_round_trip_gives_identical_outputs(model, tmp_path):
     save_adapter(a, tmp_path / "ad")
     b = load_adapter(tmp_path / "ad", model_identity(model))
     assert torch.equal(a.t, b.t) and torch.equal(a.theta, b.theta) and b.meta == a.meta
+    assert predict(model, ["cat", "dog"], a) == predict(model, ["cat", "dog"], b)
     prompts = ["Q: cat\nA:", "Q: dog\nA:"]
-    assert predict(model, prompts, a)[0] == predict(model, prompts, b)[0]
-    assert torch.equal(predict(model, prompts, a)[1], predict(model, prompts, b)[1])
+    assert torch.equal(predict_with_logits(model, prompts, a)[1], predict_with_logits(model, prompts, b)[1])
 
 
 def test_mismatched_model_is_refused(model, tmp_path):

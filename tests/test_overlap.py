@@ -63,7 +63,7 @@ def test_transfer_matrix_shape(model):
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     ads = {
         n: Adapter(t=torch.randn(*shape, model.cfg.d_head), theta=torch.randn(*shape), model={})
-        for n in ("antonym", "uppercase")
+        for n in ("opposites", "uppercase")
     }
     tasks = {n: load_task(n) for n in ads}
     m = transfer_matrix(model, tasks, ads, max_items=4)

@@ -45,7 +45,7 @@ def test_k_sweep():
 
 
 def test_clean_into_clean_changes_nothing(model):
-    task = load_task("antonym")
+    task = load_task("opposites")
     data = patch_data(model, task, max_items=6)
     own = last_token_z(model, data.tokens)  # each prompt's own zero-shot z
     every = torch.ones(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
@@ -54,7 +54,7 @@ def test_clean_into_clean_changes_nothing(model):
 
 
 def test_sweep_recovers_zero_and_one(model, adapter):
-    task = load_task("antonym")
+    task = load_task("opposites")
     df = head_patching_sweep(model, task, adapter, draws=2, reference="all", max_items=6)
     z = df[df.condition == "zero_shot"].iloc[0]
     assert z.recovery_prob == pytest.approx(0.0, abs=1e-9)
@@ -71,6 +71,6 @@ def test_sweep_recovers_zero_and_one(model, adapter):
 
 
 def test_per_query_source(model, adapter):
-    task = load_task("antonym")
+    task = load_task("opposites")
     df = head_patching_sweep(model, task, adapter, ks=[1, 2], draws=1, source="per_query", max_items=4, n_shots=2)
     assert (df.source == "per_query").all() and len(df) == 3 + 2 + 2 + 2

@@ -69,22 +69,22 @@ USAGE_ERRORS = [
     ["no-such-command"],
     ["run"],  # --task is required
     ["run", "--task"],  # option without its value
-    ["run", "--task", "antonym", "--steps", "ten"],
-    ["run", "--task", "antonym", "--seed", "1.5"],
-    ["run", "--task", "antonym", "--lr", "fast"],
-    ["run", "--task", "antonym", "--shots", ""],
-    ["run", "--task", "antonym", "--max-test", "some"],
+    ["run", "--task", "opposites", "--steps", "ten"],
+    ["run", "--task", "opposites", "--seed", "1.5"],
+    ["run", "--task", "opposites", "--lr", "fast"],
+    ["run", "--task", "opposites", "--shots", ""],
+    ["run", "--task", "opposites", "--max-test", "some"],
     ["bench", "--seeds", "0,x"],
     ["bench", "--seeds", ","],
     ["analyse", "--runs", "r", "--max-test", "0"],
-    ["run", "--task", "antonym", "--tasks", "antonym"],  # demo's option on run
-    ["run", "--task", "antonym", "--figures", "f"],
-    ["run", "--task", "antonym", "extra-positional"],
-    ["demo", "--task-list", "antonym"],
+    ["run", "--task", "opposites", "--tasks", "opposites"],  # demo's option on run
+    ["run", "--task", "opposites", "--figures", "f"],
+    ["run", "--task", "opposites", "extra-positional"],
+    ["demo", "--task-list", "opposites"],
     ["demo", "--steps"],
     ["tasks", "--model", "smollm2-135m"],  # run's option on tasks
-    ["tasks", "--task", "antonym"],
-    ["tasks", "antonym"],
+    ["tasks", "--task", "opposites"],
+    ["tasks", "opposites"],
 ]
 
 
@@ -111,21 +111,21 @@ BAD_VALUES = [
     (["figures", "--bench", "/no/such/bench"], "no rows.csv"),
     (["analyse", "--runs", "/no/such/runs"], "no run folders"),
     (["predict", "--adapter", "/no/such/adapter"], "adapter folder not found"),
-    (["run", "--task", "antonym", "--shots", "0"], "n_shots must be >= 1"),
-    (["run", "--task", "antonym", "--prompts", "0"], "n_prompts must be >= 1"),
-    (["run", "--task", "antonym", "--lr", "inf"], "finite number > 0"),
-    (["run", "--task", "antonym", "--lr", "nan"], "finite number > 0"),
-    (["run", "--task", "antonym", "--lr", "-0.1"], "finite number > 0"),
-    (["run", "--task", "antonym", "--batch-size", "0"], "batch_size must be >= 1"),
-    (["run", "--task", "antonym", "--max-test", "0"], "max_test must be >= 1"),
-    (["run", "--task", "antonym", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
-    (["run", "--task", "antonym", "--shots", "10000"], "10001 are needed"),
+    (["run", "--task", "opposites", "--shots", "0"], "n_shots must be >= 1"),
+    (["run", "--task", "opposites", "--prompts", "0"], "n_prompts must be >= 1"),
+    (["run", "--task", "opposites", "--lr", "inf"], "finite number > 0"),
+    (["run", "--task", "opposites", "--lr", "nan"], "finite number > 0"),
+    (["run", "--task", "opposites", "--lr", "-0.1"], "finite number > 0"),
+    (["run", "--task", "opposites", "--batch-size", "0"], "batch_size must be >= 1"),
+    (["run", "--task", "opposites", "--max-test", "0"], "max_test must be >= 1"),
+    (["run", "--task", "opposites", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["run", "--task", "opposites", "--shots", "10000"], "10001 are needed"),
     (["run", "--task", ""], "unknown task ''"),
     (["run", "--task", "antonym", "--data", "."], "unknown task 'antonym' in"),
-    (["run", "--task", "antonym", "--out", "{blocker}"], "not writable"),
+    (["run", "--task", "opposites", "--out", "{blocker}"], "not writable"),
     (["demo", "--out", "{blocker}"], "not writable"),
     (["demo", "--figures", "{blocker}"], "not writable"),
-    (["demo", "--tasks", "antonym,no-such-task"], "unknown task 'no-such-task'"),
+    (["demo", "--tasks", "opposites,no-such-task"], "unknown task 'no-such-task'"),
     (["demo", "--shots", "500"], "501 are needed"),
     (["demo", "--steps", "-3"], "steps must be >= 0"),
     (["tasks", "--data", "/no/such/folder"], "data folder not found"),
@@ -154,7 +154,7 @@ def test_bad_model_settings_fail_before_loading(monkeypatch, tmp_path, capsys):
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     ]
     for extra, message in cases:
-        assert main(["run", "--task", "antonym", "--out", "o", *extra]) == 2
+        assert main(["run", "--task", "opposites", "--out", "o", *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("site-lens: error:") and message in err and len(err.splitlines()) == 1, err
 
@@ -177,7 +177,7 @@ def _site_lens(*args: str, code: str | None = None) -> subprocess.CompletedProce
 def test_exit_codes_of_the_real_process(tmp_path):
     """As a process: 0 on success, 2 on bad input, 1 (with a traceback) on an internal failure."""
     ok = _site_lens("tasks")
-    assert ok.returncode == 0 and "antonym" in ok.stdout
+    assert ok.returncode == 0 and "opposites" in ok.stdout
     bad = _site_lens("run", "--task", "no-such-task")
     assert bad.returncode == 2 and bad.stderr.strip().startswith("site-lens: error: unknown task")
     usage = _site_lens()

@@ -4,6 +4,8 @@ import random
 import pytest
 
 from site_lens.tasks import (
+    ABSTRACTIVE,
+    EXTRACTIVE,
     TaskError,
     build_prompt,
     builtin_tasks,
@@ -36,13 +38,30 @@ def test_icl_prompts_have_n_shots_and_a_distinct_query():
 
 def test_builtin_tasks_load_and_split():
     names = builtin_tasks()
-    assert {"antonym", "present-past", "country-capital", "uppercase"} <= set(names)
+    assert {"opposites", "past-tense", "capital-cities", "to-french", "uppercase"} <= set(names)
     for n in names:
         t = load_task(n)
         total = len(t.train) + len(t.valid) + len(t.test)
         assert total >= 50 and len(t.train) == round(0.7 * total)
         assert not set(t.train) & set(t.test)
-    assert load_task("uppercase").case_sensitive and not load_task("antonym").case_sensitive
+    assert load_task("uppercase").case_sensitive and not load_task("opposites").case_sensitive
+
+
+def test_no_builtin_task_has_an_fv_task_name():
+    """`site-lens tasks` and load_task(name) without a data folder never shadow one of the 45 FV tasks."""
+    assert len(ABSTRACTIVE | EXTRACTIVE) == 45
+    for name in builtin_tasks():
+        assert name not in ABSTRACTIVE | EXTRACTIVE, name
+
+
+@pytest.mark.parametrize("name", ["antonym", "country-capital", "english-french", "present-past", "squad_val"])
+def test_an_fv_name_without_a_data_folder_says_where_to_get_it(name):
+    with pytest.raises(TaskError) as e:
+        load_task(name)
+    msg = str(e.value)
+    assert "\n" not in msg and f"'{name}' is a function-vector task, not built in" in msg
+    assert "site-lens data fv --out data/fv" in msg and f"load_task('{name}', data_dir='data/fv')" in msg
+    assert "--data data/fv" in msg
 
 
 def test_split_is_seeded_and_complete():

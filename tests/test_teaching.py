@@ -77,8 +77,8 @@ def solutions():
 
 @pytest.fixture(scope="module")
 def tiny_setup(model):
-    """The tiny model with the antonym task: inputs for every check."""
-    task = sl.load_task("antonym")
+    """The tiny model with the opposites task: inputs for every check."""
+    task = sl.load_task("opposites")
     icl = encode(model, [p for p, _ in sample_icl_prompts(task.train, 3, 2, random.Random(0))])
     examples = make_examples(model, zero_shot_prompts(task.train[:4]))
     t = sl.build_task_embedding(model, icl)

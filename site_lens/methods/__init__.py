@@ -64,6 +64,23 @@ SEQUENCE_METHODS = ("site_seq", "i2cl_seq", "lora_seq", "ia3_seq")
 OPTION_METHODS = ("site_opt", "i2cl_opt", "lora_opt", "ia3_opt")
 
 
+OBJECTIVE_NOTES = {
+    "seq": "trained on every answer token and its end (the answer-sequence objective)",
+    "opt": "trained on the first token where the options differ (multiple-choice tasks)",
+}
+
+
+def describe_method(name: str) -> str:
+    """One line about a method: its class's docstring, or for a _seq / _opt variant its base and objective."""
+    base, _, suffix = name.rpartition("_")
+    if suffix in SUFFIXES and base in METHODS:
+        return f"{base}, {OBJECTIVE_NOTES[suffix]}"
+    if name not in METHODS:
+        raise ConfigError(f"unknown method '{name}'; valid: {', '.join(METHODS)}")
+    doc = (getattr(METHODS[name], "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else name
+
+
 def make_method(name: str) -> Method:
     """A fresh, unfitted method by name."""
     if name not in METHODS:
@@ -102,6 +119,7 @@ __all__ = [
     "TrainConfig",
     "ZeroShot",
     "configured",
+    "describe_method",
     "fit_site",
     "make_method",
     "score_method",
