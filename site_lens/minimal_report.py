@@ -78,7 +78,7 @@ def write_minimal_figures(root: str | Path, out: str | Path, method: str = "spar
     """Recovery against k (all tasks and per task), each task's minimal set as a heatmap, their overlap."""
     from .minimal import jaccard
     from .plots import alpha_heatmap, overlap_heatmap, save_figure
-    from .plots.minimal import k_curves
+    from .plots.minimal import SET_METHODS, k_curves
 
     scores, small = read_minimal(root)
     out = Path(out)
@@ -98,8 +98,12 @@ def write_minimal_figures(root: str | Path, out: str | Path, method: str = "spar
         mine = sets[sets.task == task]
         if len(mine):
             frac = kept_fraction(mine, shape)  # type: ignore[arg-type]
-            title = f"{task}: heads of the {len(mine)} seeds' minimal sets ({method})"
-            written += save_figure(alpha_heatmap(frac, title=title), out / f"minimal_heads_{task}")
+            title = f"{task}: heads kept by {SET_METHODS.get(method, (method,))[0]}"
+            n = len(mine)
+            fig = alpha_heatmap(frac, title=title, colorbar_title=f"share of the {n} seeds keeping the head")
+            shares = [f"{i}/{n}" for i in range(1, n)]
+            fig.update_traces(colorbar=dict(tickvals=[i / n for i in range(n + 1)], ticktext=["0", *shares, "1"]))
+            written += save_figure(fig, out / f"minimal_heads_{task}")
             majority[task] = {tuple(x) for x in (frac > 0.5).nonzero().tolist()}
     if len(majority) > 1:
         names = list(majority)

@@ -14,22 +14,31 @@ from torch import Tensor
 
 from .theme import (
     COLORWAY,
+    FONT,
+    FONT_SMALL,
     SEQUENTIAL,
-    WIDTH,
     _category_key,
     _colorbar,
     _range_note,
     _rgba,
     _style,
     head_label,
+    legend_below,
+    note,
     sequential_range,
 )
 
 # ---------------------------------------------------------------- layer x head
 
 
-def alpha_heatmap(alpha: Float[Tensor, "layer head_index"], title: str = "SITE alpha") -> go.Figure:
-    """Layer x head heatmap of alpha (layer 0 at the top); hover shows L{l}H{h} and the value."""
+def alpha_heatmap(
+    alpha: Float[Tensor, "layer head_index"], title: str = "SITE alpha", colorbar_title: str = "alpha (head weight)"
+) -> go.Figure:
+    """Layer x head heatmap of alpha, or any per-head value in 0..1 named by ``colorbar_title`` (layer 0 at the top).
+
+    Hover shows L{l}H{h} and the value. One column wide; a layer label on every row
+    while rows are at least a label high, else on every second row.
+    """
     a = torch.as_tensor(alpha).detach().float().cpu()
     n_layers, n_heads = a.shape
     zmin, zmax, fitted = sequential_range(a.numpy())
@@ -37,14 +46,17 @@ def alpha_heatmap(alpha: Float[Tensor, "layer head_index"], title: str = "SITE a
     fig = go.Figure(
         go.Heatmap(
             z=a.numpy(), x=list(range(n_heads)), y=list(range(n_layers)), zmin=zmin, zmax=zmax,
-            colorscale=SEQUENTIAL, text=text, hovertemplate="%{text}: alpha = %{z:.3f}<extra></extra>",
-            colorbar=_colorbar("alpha (head weight)" + (_range_note(zmin, zmax) if fitted else "")),
+            colorscale=SEQUENTIAL, text=text, hovertemplate=f"%{{text}}: {colorbar_title} = %{{z:.3f}}<extra></extra>",
+            colorbar=_colorbar(colorbar_title + (_range_note(zmin, zmax) if fitted else "")),
             xgap=1, ygap=1,
         )
     )  # fmt: skip
-    _style(fig, title, width=max(380, 34 * n_heads + 200), height=max(360, 17 * n_layers + 120))
-    fig.update_xaxes(title_text="head", dtick=1, showgrid=False, showline=False, ticks="")
-    fig.update_yaxes(title_text="layer", dtick=1 if n_layers <= 12 else 2, showgrid=False, showline=False, ticks="")
+    row = 14 if n_layers > 12 else 22  # px per layer
+    _style(fig, title, height=max(330, row * n_layers + 130), margin=dict(t=45, l=50, r=10, b=45))
+    fig.update_xaxes(title_text="head", dtick=1 if n_heads <= 16 else 2, showgrid=False, showline=False, ticks="")
+    fig.update_yaxes(
+        title_text="layer", dtick=1 if row >= FONT_SMALL + 4 else 2, showgrid=False, showline=False, ticks=""
+    )
     fig.update_yaxes(autorange="reversed")  # layer 0 at the top, as TransformerLens's imshow
     return fig
 
@@ -61,29 +73,36 @@ def alpha_cie_scatter(
     n_layers, n_heads = a.shape
     layers = [layer for layer in range(n_layers) for _ in range(n_heads)]
     labels = [head_label(layer, h) for layer in range(n_layers) for h in range(n_heads)]
-    cbar = _colorbar("layer", len=0.9)
+    cbar = _colorbar("layer")
     big = float(c.abs().max()) if c.numel() else 0.0
     exp = math.floor(math.log10(big)) if 0 < big < 0.01 else 0  # small effects in units of 10^exp, not "800μ"
-    unit = f", ×10<sup>{exp}</sup>" if exp else ""
+    unit = f", ×10{_superscript(exp)}" if exp else ""
     fig = go.Figure(
         go.Scatter(
             x=a.flatten().tolist(), y=(c.flatten() / 10.0**exp).tolist(), mode="markers", text=labels,
             customdata=c.flatten().tolist(),
-            marker={"color": layers, "colorscale": SEQUENTIAL, "colorbar": cbar, "size": 7, "opacity": 0.8,
+            marker={"color": layers, "colorscale": SEQUENTIAL, "colorbar": cbar, "size": 6, "opacity": 0.8,
                     "line": {"width": 0.5, "color": "white"}},
             hovertemplate="%{text}: alpha = %{x:.3f}, CIE = %{customdata:.3g}<extra></extra>",
         )
     )  # fmt: skip
-    note = f"Pearson r = {float(pearson(a, c)):.2f}, Spearman ρ = {float(spearman(a, c)):.2f}"
-    _style(fig, f"{title}<br><sup>{note}</sup>", height=450, margin=dict(t=75))
-    fig.update_layout(xaxis_title="alpha (head weight)", yaxis_title=f"CIE (change in answer probability{unit})")
+    corr = f"Pearson r = {float(pearson(a, c)):.2f}, Spearman ρ = {float(spearman(a, c)):.2f}"
+    _style(fig, title, height=420, subtitle=corr, margin=dict(t=64, r=10))
+    fig.update_layout(xaxis_title="alpha (head weight)", yaxis_title=f"CIE (Δ answer probability{unit})")
     return fig
+
+
+def _superscript(n: int) -> str:
+    """``n`` in Unicode superscript digits: a full-size glyph, where ``<sup>`` draws at 70 %."""
+    return str(n).translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
 
 
 # ---------------------------------------------------------------- patching
 
 PATCH_COLORS = {"top": "#0072B2", "bottom": "#D55E00", "random": "#7f7f7f"}
 PATCH_NAMES = {"top": "top-k by alpha", "bottom": "bottom-k by alpha", "random": "random k"}
+PATCH_DASHES = {"top": "solid", "bottom": "dash", "random": "dot"}
+PATCH_SYMBOLS = {"top": "circle", "bottom": "square", "random": "triangle-up"}
 METRIC_TITLES = {
     "recovery_prob": "recovery of {ref}'s answer probability",
     "recovery_acc": "recovery of {ref}'s first-token accuracy",
@@ -111,9 +130,9 @@ def patching_curves(
     sweep = d[d["condition"].isin(list(PATCH_NAMES))]
     per_task = sweep.groupby(["condition", "k", "task"], as_index=False)[metric].mean()  # mean over draws
     ref = str(d["reference"].iloc[0]) if "reference" in d and len(d) else "site"
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.86, 0.14], horizontal_spacing=0.025)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.83, 0.17], horizontal_spacing=0.03)
     n_draws = int(sweep.loc[sweep["condition"] == "random", "draw"].nunique())
-    band_label = f"band: min-max over {n_tasks} tasks" if n_tasks > 1 else f"band: min-max over {n_draws} random draws"
+    band_label = f"band: min-max of {n_tasks} tasks" if n_tasks > 1 else f"band: min-max of {n_draws} draws"
     band_shown = False
     for cond, name in PATCH_NAMES.items():
         src = per_task if n_tasks > 1 else sweep.groupby(["condition", "k", "draw"], as_index=False)[metric].mean()
@@ -136,7 +155,8 @@ def patching_curves(
         fig.add_trace(
             go.Scatter(
                 x=ks, y=list(mean), mode="lines+markers", name=name, legendgroup=cond,
-                line={"color": color, "width": 2}, marker={"size": 7, "color": color},
+                line={"color": color, "width": 2, "dash": PATCH_DASHES[cond]},
+                marker={"size": 6, "color": color, "symbol": PATCH_SYMBOLS[cond]},
                 hovertemplate=f"{name}, k = %{{x}}: %{{y:.3f}}<extra></extra>",
             ),
             row=1, col=1,
@@ -145,7 +165,7 @@ def patching_curves(
         fig.add_trace(
             go.Scatter(
                 x=[None], y=[None], mode="markers", name=band_label, hoverinfo="skip",
-                marker={"symbol": "square", "size": 14, "color": "rgba(0,0,0,0.15)"},
+                marker={"symbol": "square", "size": 12, "color": "rgba(0,0,0,0.15)"},
             ),
             row=1, col=1,
         )  # fmt: skip
@@ -159,7 +179,7 @@ def patching_curves(
         fig.add_trace(
             go.Scatter(
                 x=[f"all {total}"], y=[v.mean()], mode="markers", name=f"all {total} heads",
-                marker={"symbol": "diamond", "size": 10, "color": "#222"},
+                marker={"symbol": "diamond", "size": 9, "color": "#222"},
                 error_y=err if n_tasks > 1 else None,
                 hovertemplate=f"all {total} heads: %{{y:.3f}}<extra></extra>",
             ),
@@ -167,17 +187,17 @@ def patching_curves(
         )  # fmt: skip
     for cond, label, dash in (("site", "SITE (soft alpha)", "dash"), ("zero_shot", "zero-shot", "dot")):
         r = d[d["condition"] == cond]
-        if len(r):
+        if len(r):  # a reference line across both panels, named in the legend (a label on the plot could hide data)
             y = float(r.groupby("task")[metric].mean().mean())
             for col in (1, 2):
-                fig.add_hline(y=y, line_dash=dash, line_color="#444", line_width=1.2, row=1, col=col)
-            fig.add_annotation(
-                text=label, x=0, xref="x domain", y=y, yref="y", xanchor="left", yanchor="bottom", showarrow=False,
-                font={"size": 12, "color": "#444"},
-            )  # fmt: skip
+                fig.add_hline(
+                    y=y, line_dash=dash, line_color="#444", line_width=1.2, row=1, col=col, name=label,
+                    showlegend=col == 1, legendgroup=cond,
+                )  # fmt: skip
     ks_all = sorted(int(k) for k in sweep["k"].unique() if k < total)
     ytitle = METRIC_TITLES.get(metric, metric.replace("_", " ")).format(ref="SITE" if ref == "site" else "all heads")
-    _style(fig, title, width=640, height=430, legend=dict(x=0.01, y=0.9, xanchor="left", yanchor="top"))
+    _style(fig, title, height=370)
+    legend_below(fig)
     fig.update_xaxes(type="log", tickvals=ks_all, ticktext=[str(k) for k in ks_all], row=1, col=1)
     fig.update_xaxes(title_text="heads patched (k)", row=1, col=1)
     fig.update_xaxes(type="category", showgrid=False, row=1, col=2)
@@ -205,25 +225,37 @@ def training_curve(history: dict, title: str = "alpha training", span: float | N
 
     ``history`` is a ``TrainHistory`` dict. The log step axis gives the first
     steps, where most of the drop happens, as much room as the rest; the log loss
-    axis shows a drop from 3 to 0.05 as clearly as one from 6 to 3. It spans the
-    smoothed and valid losses (down to a quarter of their lowest); single-batch
-    losses below that are left off, as the legend says.
+    axis shows a drop from 3 to 0.05 as clearly as one from 6 to 3. It spans every
+    positive loss drawn, single batches included, so no point is clipped; a loss
+    of 0 (no place on a log axis) is drawn as a triangle on the axis's floor and
+    counted in the legend.
     """
     steps, loss = list(history.get("step", [])), [float(v) for v in history.get("loss", [])]
     span = float(span or max(5, round(len(steps) / 10)))
     smooth = ema(loss, span)
     valid = [float(v) for v in history.get("valid_loss") or []]
-    finite = [v for v in smooth + valid if math.isfinite(v) and v > 0] or [1.0]
-    lo, hi = min(finite) / 4, max([v for v in loss if math.isfinite(v)] + finite) * 1.3
-    below = sum(v < lo for v in loss)
-    raw_name = "train loss (one batch)" + (f"; {below} below the axis" if below else "")
+    best_loss = history.get("best_valid_loss")
+    drawn = [v for v in loss + smooth + valid + [best_loss or 0.0] if math.isfinite(v) and v > 0] or [1.0]
+    lo, hi = min(drawn) / 1.5, max(drawn) * 1.5
+    zero = [(s, v) for s, v in zip(steps, loss) if v <= 0]  # finite losses at or below 0: on the floor
     fig = go.Figure()
     fig.add_trace(
-        go.Scatter(x=steps, y=loss, mode="markers", name=raw_name, marker={"color": _rgba(COLORWAY[0], 0.3), "size": 4})
-    )
+        go.Scatter(
+            x=steps, y=[v if v > 0 else None for v in loss], mode="markers", name="train loss, one batch",
+            marker={"color": _rgba(COLORWAY[0], 0.3), "size": 4},
+        )
+    )  # fmt: skip
+    if zero:
+        fig.add_trace(
+            go.Scatter(
+                x=[s for s, _ in zero], y=[lo] * len(zero), mode="markers", cliponaxis=False,
+                name=f"train loss 0 ({len(zero)} batches), drawn on the axis",
+                marker={"color": COLORWAY[0], "size": 6, "symbol": "triangle-down-open"},
+            )
+        )  # fmt: skip
     fig.add_trace(
         go.Scatter(
-            x=steps, y=smooth, mode="lines", name=f"train loss, smoothed (EMA, span {span:g})",
+            x=steps, y=smooth, mode="lines", name=f"train loss, EMA (span {span:g})",
             line={"color": COLORWAY[0], "width": 2.5},
         )
     )  # fmt: skip
@@ -231,25 +263,29 @@ def training_curve(history: dict, title: str = "alpha training", span: float | N
         fig.add_trace(
             go.Scatter(
                 x=history["valid_step"], y=valid, mode="lines+markers", name="valid loss",
-                line={"color": COLORWAY[1], "width": 2}, marker={"size": 7},
+                line={"color": COLORWAY[1], "width": 2}, marker={"size": 6},
             )
         )  # fmt: skip
     best = history.get("best_step")
     if best:
         fig.add_vline(x=best, line_dash="dot", line_color="#444", line_width=1.2)
-        y = history.get("best_valid_loss")
-        if y is not None:
+        if best_loss is not None:
             fig.add_trace(
                 go.Scatter(
-                    x=[best], y=[y], mode="markers", name=f"kept: step {best}",
-                    marker={"symbol": "star", "size": 14, "color": "#222"},
+                    x=[best], y=[best_loss], mode="markers", name=f"kept: step {best}", cliponaxis=False,
+                    marker={"symbol": "star", "size": 12, "color": "#222"},
                 )
             )  # fmt: skip
-    _style(fig, title, height=420, legend=dict(x=0.01, y=0.01, xanchor="left", yanchor="bottom"))
+    _style(fig, title, height=360)
+    legend_below(fig)
     last = max(steps + list(history.get("valid_step") or []) + [1])
     ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= last / 1.3] + [last]
     fig.update_xaxes(type="log", title_text="training step", tickvals=ticks, range=[0, math.log10(last * 1.08)])
-    yticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)]
+    decades = math.log10(hi / lo)
+    mantissas = (1,) if decades > 4 else (1, 3) if decades > 2 else (1, 2, 5)
+    yticks = [
+        m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in mantissas
+    ]  # fmt: skip
     yticks = [t for t in yticks if lo <= t <= hi]
     fig.update_yaxes(
         type="log", title_text="first-token cross-entropy", range=[math.log10(lo), math.log10(hi)],
@@ -279,12 +315,13 @@ def alpha_histogram(
     rows = math.ceil(len(items) / cols)
     xs = [torch.as_tensor(a).detach().float().flatten() for _, a in items]
     titles = [
-        f"{name}<br><span style='font-size:11px'>{(x < 0.1).float().mean():.0%} below 0.1, "
-        f"{(x > 0.9).float().mean():.0%} above 0.9</span>"
+        name + note(f"{(x < 0.1).float().mean():.0%} below 0.1, {(x > 0.9).float().mean():.0%} above 0.9")
         for (name, _), x in zip(items, xs)
     ]
+    size = "full" if cols > 2 else "column"
     fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.045, vertical_spacing=0.2 if rows > 1 else 0
+        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.04 if size == "full" else 0.08,
+        vertical_spacing=0.22 if rows > 1 else 0,
     )  # fmt: skip
     top = 0
     for i, ((name, _), x) in enumerate(zip(items, xs)):
@@ -301,10 +338,15 @@ def alpha_histogram(
             row=i // cols + 1, col=i % cols + 1,
         )  # fmt: skip
         shown.add(cat)
-    fig.update_annotations(font_size=13)
-    width = WIDTH if cols <= 1 else min(800, 180 * cols + 90)
-    legend = dict(x=1, y=0, xanchor="right", yanchor="bottom", title_text="task category")
-    _style(fig, title, width=width, height=250 * rows + 90, bargap=0.05, margin=dict(t=90), legend=legend)
+    fig.update_annotations(font_size=FONT)
+    _style(fig, title, size, height=230 * rows + 90, bargap=0.05, margin=dict(t=85, l=55, r=10))
+    if cats and len(items) < rows * cols:  # the legend in the first empty panel's place
+        x0, x1 = fig.layout[f"xaxis{len(items) + 1}"].domain
+        y0, y1 = fig.layout[f"yaxis{len(items) + 1}"].domain
+        fig.update_layout(legend=dict(x=(x0 + x1) / 2, y=(y0 + y1) / 2, xanchor="center", yanchor="middle"))
+    elif cats:
+        legend_below(fig)
+    fig.update_layout(legend_title_text="task category")
     fig.update_xaxes(range=[0, 1], dtick=0.5)
     for c in range(cols):  # the axis title once, under each column's last panel
         last_row = (len(items) - 1 - c) // cols + 1

@@ -6,19 +6,22 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .theme import COLORWAY
+from .theme import COLORWAY, _style, legend_below
 
-SET_METHODS = {
+SET_METHODS = {  # name, Okabe-Ito colour; sparse sets are markers (symbol), rankings lines (dash)
     "sparse_l0": ("sparse SITE (L0)", COLORWAY[0]),
-    "sparse_l1": ("sparse SITE (L1)", COLORWAY[5]),
+    "sparse_l1": ("sparse SITE (L1)", COLORWAY[3]),
     "dense_alpha": ("top-k by dense alpha", COLORWAY[1]),
     "cie": ("top-k by CIE", COLORWAY[2]),
     "random": ("random k", "#888888"),
 }
+SYMBOLS = {"sparse_l0": "diamond", "sparse_l1": "triangle-up"}
+DASHES = {"dense_alpha": "solid", "cie": "dash", "random": "dot"}
+LOG_TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # all labelled at full size (plotly's own 2, 5 are small)
 METRIC_TITLES = {
-    "recovery_em": "recovery of exact match (0 zero-shot, 1 SITE)",
+    "recovery_em": "recovery of prefix match",  # 0 zero-shot, 1 SITE: the legend names both lines
     "recovery_prob": "recovery of answer probability",
-    "exact_match": "exact match",
+    "exact_match": "prefix match",
 }
 
 
@@ -42,9 +45,17 @@ def k_curves(
     there is one). Sparse SITE: one marker per mask,
     its mean over tasks where several tasks reached the same k is not meaningful, so every
     (task, seed, weight) mask is drawn, joined per method in order of k when there is one task.
+    Every head (k = all) is one set whatever the method: one black marker of its own, with
+    the 25-75 % range over tasks, not the end of any curve. The reference lines (SITE, the 0.9
+    target, zero-shot) are named in the legend, which sits under the axes.
     """
     d = scores[(scores["split"] == split) & (scores["mode"] == "binary")].copy()
     one_task = d["task"].nunique() == 1
+    soft = scores[(scores["split"] == split) & (scores["method"] == "site")]
+    ks = soft["k"] if len(soft) else d["k"]  # every head: SITE's soft alpha covers them all
+    total = int(ks.max()) if len(ks) else 0
+    at_all = d[(d["k"] == total) & ~d["method"].str.startswith("sparse")]
+    d = d[d["k"] < total]
     fig = go.Figure()
     for method, (name, color) in SET_METHODS.items():
         g = d[d["method"] == method]
@@ -55,7 +66,8 @@ def k_curves(
             fig.add_trace(
                 go.Scatter(
                     x=g["k"], y=g[metric], mode="lines+markers" if one_task else "markers", name=name,
-                    line={"color": color, "width": 2}, marker={"size": 8, "color": color, "symbol": "diamond"},
+                    line={"color": color, "width": 1.5}, opacity=0.85,
+                    marker={"size": 7, "color": color, "symbol": SYMBOLS[method], "line": {"width": 0.5, "color": "white"}},
                     customdata=np.stack([g["task"], g["seed"], g["weight"].astype(float)], -1),
                     hovertemplate=f"{name}<br>%{{customdata[0]}} seed %{{customdata[1]}}, weight %{{customdata[2]}}"
                     "<br>k = %{x}: %{y:.3f}<extra></extra>",
@@ -80,17 +92,30 @@ def k_curves(
             )  # fmt: skip
         fig.add_trace(
             go.Scatter(
-                x=ks, y=list(stats["mean"]), mode="lines+markers", name=name, line={"color": color, "width": 2},
-                marker={"size": 6, "color": color}, hovertemplate=f"{name}, k = %{{x}}: %{{y:.3f}}<extra></extra>",
+                x=ks, y=list(stats["mean"]), mode="lines+markers", name=name,
+                line={"color": color, "width": 2, "dash": DASHES.get(method, "solid")}, marker={"size": 5, "color": color},
+                hovertemplate=f"{name}, k = %{{x}}: %{{y:.3f}}<extra></extra>",
+            )
+        )  # fmt: skip
+    if len(at_all):  # every head: the same set for every ranking, apart from the curves
+        v = at_all.groupby(["task", "seed"])[metric].mean()
+        err = {"type": "data", "symmetric": False, "array": [v.quantile(0.75) - v.mean()],
+               "arrayminus": [v.mean() - v.quantile(0.25)], "color": "#222"}  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[total], y=[v.mean()], mode="markers", name=f"all {total} heads", cliponaxis=False,
+                marker={"symbol": "x", "size": 9, "color": "#222"}, error_y=err if len(v) > 1 else None,
+                hovertemplate=f"all {total} heads: %{{y:.3f}}<extra></extra>",
             )
         )  # fmt: skip
     if metric.startswith("recovery"):
-        fig.add_hline(y=1.0, line_dash="dash", line_color="#444", line_width=1.2)
-        fig.add_hline(y=0.9, line_dash="dot", line_color="#999", line_width=1)
-        fig.add_hline(y=0.0, line_dash="dot", line_color="#444", line_width=1)
-    fig.update_layout(
-        template="site_lens", title=title, width=660, height=440, legend={"x": 0.01, "y": 0.99, "xanchor": "left"}
+        for y, dash, color, name in ((1.0, "dash", "#444", "SITE (1)"), (0.9, "dot", "#999", "target (0.9)"),
+                                     (0.0, "dot", "#444", "zero-shot (0)")):  # fmt: skip
+            fig.add_hline(y=y, line_dash=dash, line_color=color, line_width=1.2, name=name, showlegend=True)
+    _style(fig, title, height=380)
+    ticks = [t for t in LOG_TICKS if t <= total / 1.6] + [total]  # k = all heads labelled, clear of its neighbour
+    fig.update_xaxes(
+        type="log", title_text="heads t is written into (k)", tickvals=ticks, ticktext=list(map(str, ticks))
     )
-    fig.update_xaxes(type="log", title_text="heads t is written into (k)")
     fig.update_yaxes(title_text=METRIC_TITLES.get(metric, metric))
-    return fig
+    return legend_below(fig)

@@ -14,13 +14,20 @@ from plotly.subplots import make_subplots
 from .theme import (
     COLORWAY,
     DIVERGING,
+    FONT,
+    FONT_SMALL,
+    FULL,
     MASKED,
     SEQUENTIAL,
+    WIDTHS,
     _category_key,
     _colorbar,
     _rgba,
     _style,
+    _text_px,
     diverging_range,
+    legend_below,
+    note,
     sequential_range,
 )
 
@@ -55,7 +62,7 @@ def _mark_categories(fig: go.Figure, order: list[str], categories: Mapping[str, 
     for s, e in itertools.pairwise(starts):
         fig.add_annotation(
             text=f"<b>{cats[s]}</b>", x=(s + e - 1) / 2, xref="x", y=1.0, yref="paper", yanchor="bottom",
-            showarrow=False, font={"size": 13},
+            showarrow=False, font={"size": FONT},
         )  # fmt: skip
         if s > 0:
             line = {"color": "black", "width": 2}
@@ -64,16 +71,25 @@ def _mark_categories(fig: go.Figure, order: list[str], categories: Mapping[str, 
 
 
 def _task_heatmap(z, order, text, hover, scale: dict, colorbar: dict, title: str, categories) -> go.Figure:
+    """One column wide if every cell's value fits there at ``FONT_SMALL``, else full width (values shown if they fit)."""
     n = len(order)
+    labels = max(_text_px(t) for t in order) + 12  # the row labels' width, and about the column labels' height
+    widest = max((_text_px(c) for row in text for c in row), default=0.0) + 8
+    for size, width in WIDTHS.items():  # column, then full
+        cell_w = (width - labels - 140) / n  # less the colour bar with its title, and an axis title
+        if widest <= cell_w:
+            break
+    cell_h = min(cell_w, 44)
+    fits = widest <= cell_w and cell_h >= FONT_SMALL + 6
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=order, y=order, text=text, texttemplate="%{text}" if n <= 12 else None,
-            textfont={"size": 11 if n > 7 else 12}, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+            z=z, x=order, y=order, text=text, texttemplate="%{text}" if fits else None,
+            textfont={"size": FONT_SMALL}, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
             colorbar=colorbar, xgap=1, ygap=1, **scale,
         )
     )  # fmt: skip
-    side = max(240, 46 * n)  # the plot area is about square: the width adds the labels and the colourbar
-    _style(fig, title, width=side + 290, height=side + 210, plot_bgcolor=MASKED, margin=dict(t=80, l=10, r=10, b=10))
+    height = round(cell_h * n + labels * 0.75 + 75)  # the column labels are at -40 degrees
+    _style(fig, title, size, height=height, plot_bgcolor=MASKED, margin=dict(t=65, l=10, r=10, b=10))
     fig.update_xaxes(showgrid=False, showline=False, ticks="", tickangle=-40)
     fig.update_yaxes(showgrid=False, showline=False, ticks="", autorange="reversed")
     _mark_categories(fig, order, categories)
@@ -122,10 +138,16 @@ def overlap_heatmap(
         vals = [v for v in np.arange(scale["zmin"], scale["zmax"] + 1e-9, step) if abs(v - chance) > 0.06 * span]
         ticks = {"tickvals": [*vals, chance], "ticktext": [f"{v:g}" for v in np.round(vals, 4)] + ["chance"]}
     if notes:
-        cbar += f"<br><sup>{'; '.join(notes)}</sup>"
-    text = [["" if i == j else f"{m[i, j]:.2f}" for j in range(len(order))] for i in range(len(order))]
+        cbar += note("; ".join(notes))
+    text = [["" if i == j else _cell(m[i, j]) for j in range(len(order))] for i in range(len(order))]
     hover = [[f"{a} vs {b}: {m[i, j]:.3f}" for j, b in enumerate(order)] for i, a in enumerate(order)]
     return _task_heatmap(z, order, text, hover, scale, _colorbar(cbar, **ticks), title, categories)
+
+
+def _cell(v: float) -> str:
+    """A cell's value in two decimals, without the leading zero below 1 (".53", "−.12"): it fits a narrow cell."""
+    t = f"{v:.2f}"
+    return t.replace("0.", ".", 1).replace("-", "−") if abs(v) < 1 else t.replace("-", "−")
 
 
 def jaccard_chance(k: int, n: int) -> float:
@@ -168,13 +190,13 @@ def transfer_heatmap(
     raw = transfer.loc[order, order].to_numpy(dtype=float)
     rel = relative_transfer(transfer.loc[order, order]).to_numpy(dtype=float)
     zmax = math.ceil(float(np.nanmax(np.r_[rel.flatten(), 1.0])) / 0.1 - 1e-9) * 0.1  # 0 to max(1, data)
-    text = [["" if not np.isfinite(v) else f"{v:.2f}" for v in row] for row in rel]
+    text = [["" if i == j or not np.isfinite(v) else _cell(v) for j, v in enumerate(row)] for i, row in enumerate(rel)]
     hover = [
         [f"alpha of {a}, t of {b}: accuracy {raw[i, j]:.2f}, own alpha {raw[j, j]:.2f}" for j, b in enumerate(order)]
         for i, a in enumerate(order)
     ]
     scale = {"colorscale": SEQUENTIAL, "zmin": 0.0, "zmax": zmax}
-    cbar = _colorbar("accuracy relative to the task's own alpha<br><sup>1 = as good as its own alpha (outlined)</sup>")
+    cbar = _colorbar("accuracy relative to own alpha" + note("1 = as good as its own alpha (outlined)"))
     fig = _task_heatmap(rel, order, text, hover, scale, cbar, title, categories)
     for i in range(len(order)):
         fig.add_shape(
@@ -189,15 +211,16 @@ def transfer_heatmap(
 METHOD_ORDER = ("zero_shot", "icl", "site", "fv", "tv", "i2cl", "mtv", "lora", "ia3")
 METHOD_LABELS = {
     "zero_shot": "zero-shot", "icl": "10-shot ICL", "site": "SITE", "fv": "FV", "tv": "TV", "i2cl": "I2CL",
-    "mtv": "MTV", "lora": "LoRA", "ia3": "(IA)<sup>3</sup>",
+    "mtv": "MTV", "lora": "LoRA", "ia3": "(IA)³",
 }  # fmt: skip
-METRIC_LABELS = {"exact_match": "exact match (%)", "first_token_acc": "first-token accuracy (%)",
+METRIC_LABELS = {"exact_match": "prefix match (%)", "first_token_acc": "first-token accuracy (%)",
                  "strict_match": "strict match (%)"}  # fmt: skip
 
 
 def _benchmark_panel(fig, rows: pd.DataFrame, methods, models, metric: str, row: int, show_legend: bool) -> None:
     rng = np.random.default_rng(0)  # jitter only; the same figure every time
     width = 0.8 / len(models)
+    slot_px = (FULL - 80) / (len(methods) + 0.2)  # px per method at full width
     for j, model in enumerate(models):
         color = COLORWAY[j % len(COLORWAY)]
         d = rows[rows["model"] == model].groupby(["method", "task"], as_index=False)[metric].mean()  # over seeds
@@ -215,7 +238,7 @@ def _benchmark_panel(fig, rows: pd.DataFrame, methods, models, metric: str, row:
         fig.add_trace(
             go.Scatter(
                 x=xs, y=ys, mode="markers", text=tasks, name=f"{model}: one task", legendgroup=model,
-                marker={"size": 5, "color": _rgba(color, 0.45)}, showlegend=show_legend,
+                marker={"size": 5, "color": _rgba(color, 0.5)}, showlegend=show_legend,
                 hovertemplate="%{text}: %{y:.0f}%<extra>" + model + "</extra>",
             ),
             row=row, col=1,
@@ -223,7 +246,7 @@ def _benchmark_panel(fig, rows: pd.DataFrame, methods, models, metric: str, row:
         fig.add_trace(
             go.Scatter(
                 x=mx, y=my, mode="markers", name=f"{model}: mean", legendgroup=model, showlegend=show_legend,
-                marker={"symbol": "line-ew", "size": 26 * width / 0.4, "line": {"width": 3.5, "color": color}},
+                marker={"symbol": "line-ew", "size": 0.8 * width * slot_px, "line": {"width": 3, "color": color}},
                 hovertemplate="mean %{y:.1f}%<extra>" + model + "</extra>",
             ),
             row=row, col=1,
@@ -243,7 +266,7 @@ def benchmark_figure(
     cats = sorted(set(rows["category"]), key=_category_key) if by_category else [None]
     n_tasks = {c: rows.loc[rows["category"] == c, "task"].nunique() for c in cats if c}
     titles = [f"{c} ({n_tasks[c]} task{'s' * (n_tasks[c] != 1)})" for c in cats] if by_category else None
-    fig = make_subplots(rows=len(cats), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.09)
+    fig = make_subplots(rows=len(cats), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.1)
     for r, c in enumerate(cats, start=1):
         _benchmark_panel(fig, rows if c is None else rows[rows["category"] == c], methods, models, metric, r, r == 1)
         fig.update_yaxes(title_text=METRIC_LABELS.get(metric, metric.replace("_", " ")), range=[-3, 103], row=r)
@@ -252,17 +275,10 @@ def benchmark_figure(
         fig.add_vrect(x0=i - 0.5, x1=i + 0.5, fillcolor="#efefef", line_width=0, layer="below", row="all", col=1)
     what = METRIC_LABELS.get(metric, metric.replace("_", " ")).split(" (")[0]
     title = title or f"{what} on {rows['task'].nunique()} tasks" + (", by task category" if by_category else "")
-    legend = dict(orientation="h", x=0.5, xanchor="center", y=-0.1 if len(cats) == 1 else -0.06, yanchor="top")
-    _style(
-        fig,
-        title,
-        width=720,
-        height=430 if len(cats) == 1 else 740,
-        legend=legend,
-        margin=dict(t=75 if by_category else 55),
-    )
+    _style(fig, title, "full", height=370 if len(cats) == 1 else 600, margin=dict(t=70 if by_category else 45))
+    fig.update_annotations(font_size=FONT)
     fig.update_xaxes(
         tickvals=list(range(len(methods))), ticktext=[METHOD_LABELS.get(m, m) for m in methods], showgrid=False,
         range=[-0.6, len(methods) - 0.4],
     )  # fmt: skip
-    return fig
+    return legend_below(fig, axis_px=30)

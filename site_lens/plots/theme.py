@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,32 @@ import plotly.io as pio
 log = logging.getLogger(__name__)
 
 THEME = "site_lens"
-WIDTH = 600  # px at scale 1; PNGs are written at scale 2
+
+# ---------------------------------------------------------------- print size (the rule: see the package docstring)
+
+PX_PER_INCH = 150  # layout px per printed inch
+COLUMN = 525  # px: a single-column figure, printed 3.5 in wide
+FULL = 1050  # px: a full-width figure, printed 7 in wide
+WIDTHS = {"column": COLUMN, "full": FULL}
+DPI = 300  # PNG pixels per printed inch
+SCALE = DPI / PX_PER_INCH  # PNG px per layout px: 2, so PNGs are 1050 or 2100 px wide
+MIN_PT = 7.0  # no text smaller than this at the printed width
+
+
+def pt_to_px(pt: float) -> float:
+    """Layout px of ``pt`` points at the printed width (1 pt = 1/72 in)."""
+    return pt * PX_PER_INCH / 72
+
+
+def px_to_pt(px: float) -> float:
+    """Printed size in points of ``px`` layout px."""
+    return px * 72 / PX_PER_INCH
+
+
+FONT_SMALL = math.ceil(pt_to_px(MIN_PT))  # 15 px = 7.2 pt: ticks, legend, annotations, cell values, notes
+FONT = 17  # px = 8.2 pt: axis and colour-bar titles, panel titles
+FONT_TITLE = 19  # px = 9.1 pt: the figure's title
+WIDTH = COLUMN  # the default width
 GRID = "#e6e6e6"
 MASKED = "#d9d9d9"  # cells with no value (a matrix's trivial diagonal)
 COLORWAY = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]  # Okabe-Ito
@@ -24,21 +50,24 @@ DIVERGING = "RdBu"
 def _register_theme() -> None:
     axis = dict(
         showgrid=True, gridcolor=GRID, zeroline=False, showline=True, linecolor="#444", ticks="outside",
-        tickcolor="#444", ticklen=4, automargin=True, title=dict(standoff=8, font=dict(size=15)),
-        tickfont=dict(size=13),
+        tickcolor="#444", ticklen=3, automargin=True, title=dict(standoff=6, font=dict(size=FONT)),
+        tickfont=dict(size=FONT_SMALL),
     )  # fmt: skip
     t = go.layout.Template()
     t.layout = go.Layout(
-        font=dict(family="Liberation Sans, Arial, Helvetica, sans-serif", size=15, color="#222"),
-        title=dict(font=dict(size=17), x=0.5, xanchor="center", y=0.97, yanchor="top"),
+        font=dict(family="Liberation Sans, Arial, Helvetica, sans-serif", size=FONT, color="#222"),
+        title=dict(
+            font_size=FONT_TITLE, subtitle_font_size=FONT_SMALL, x=0.5, xanchor="center", y=0.985, yanchor="top"
+        ),
         paper_bgcolor="white",
         plot_bgcolor="white",
         colorway=COLORWAY,
         xaxis=axis,
         yaxis=axis,
-        legend=dict(font=dict(size=13), bgcolor="rgba(255,255,255,0.85)", tracegroupgap=2),
-        margin=dict(l=60, r=20, t=50, b=55),
-        hoverlabel=dict(font=dict(size=13)),
+        legend=dict(font=dict(size=FONT_SMALL), title_font_size=FONT_SMALL, bgcolor="rgba(255,255,255,0.85)"),
+        margin=dict(l=50, r=12, t=40, b=45),
+        hoverlabel=dict(font=dict(size=FONT_SMALL)),
+        annotationdefaults=dict(font=dict(size=FONT_SMALL)),
     )
     pio.templates[THEME] = t
 
@@ -46,9 +75,66 @@ def _register_theme() -> None:
 _register_theme()
 
 
-def _style(fig: go.Figure, title: str, width: int = WIDTH, height: int = 420, **layout) -> go.Figure:
-    fig.update_layout(template=THEME, title_text=title, width=width, height=height, **layout)
+def _style(
+    fig: go.Figure, title: str, size: str = "column", height: int = 400, subtitle: str | None = None, **layout
+) -> go.Figure:
+    """The house template, ``title`` (and a ``subtitle`` line), and the width of ``size``: "column" or "full"."""
+    fig.update_layout(template=THEME, title_text=title, width=WIDTHS[size], height=height, **layout)
+    if subtitle:
+        fig.update_layout(title_subtitle_text=subtitle)
     return fig
+
+
+def legend_below(fig: go.Figure, axis_px: int = 50) -> go.Figure:
+    """Put the legend in rows along the figure's bottom edge, clear of the data, and add its height to margin.b.
+
+    ``axis_px`` is what the x axis needs under the plot (ticks and title). The rows are
+    estimated from the entries' text, wrapped as plotly wraps a horizontal legend.
+    """
+    names = [t.name or f"trace {i}" for i, t in enumerate(fig.data) if t.showlegend is not False]
+    names += [s.name or "" for s in fig.layout.shapes if s.showlegend]  # reference lines with a legend entry
+    rows = _legend_rows(names, (fig.layout.width or COLUMN) - 10)
+    legend = dict(orientation="h", xref="container", yref="container", x=0.01, y=0.0, xanchor="left")
+    fig.update_layout(
+        legend=dict(legend, yanchor="bottom", traceorder="normal"),
+        margin_b=axis_px + rows * (FONT_SMALL + 8) + 4,
+        height=(fig.layout.height or 400) + rows * (FONT_SMALL + 8),
+    )
+    return fig
+
+
+# Advance widths (1/1000 em) of ASCII 32..126 in Arial / Helvetica, whose metrics Liberation Sans shares
+_WIDTHS = [
+    278, 278, 355, 556, 556, 889, 667, 191, 333, 333, 389, 584, 278, 333, 278, 278, 556, 556, 556, 556, 556, 556,
+    556, 556, 556, 556, 278, 278, 584, 584, 584, 556, 1015, 667, 667, 722, 722, 667, 611, 778, 722, 278, 500, 667,
+    556, 833, 722, 778, 667, 778, 722, 667, 611, 722, 667, 944, 667, 667, 611, 278, 278, 278, 469, 556, 333, 556,
+    556, 500, 556, 556, 278, 556, 556, 222, 222, 500, 222, 833, 556, 556, 556, 556, 333, 500, 278, 556, 500, 722,
+    500, 500, 500, 334, 260, 334, 584,
+]  # fmt: skip
+
+
+def _text_px(text: str, size: float = FONT_SMALL) -> float:
+    """The width in px of one line of ``text`` in the house font at ``size`` px (tags left out; 5 % to spare)."""
+    plain = re.sub(r"<[^>]+>", "", text)
+    return 1.05 * size / 1000 * sum(_WIDTHS[ord(c) - 32] if 32 <= ord(c) < 127 else 600 for c in plain)
+
+
+def _legend_rows(names: list[str], width: float) -> int:
+    """Rows of a horizontal legend, as plotly lays one out: one row if every entry fits, else a grid of the widest."""
+    widths = [40 + _text_px(n) + 5 for n in names]  # the symbol and its gap, the text, the gap to the next entry
+    if not widths:
+        return 0
+    if sum(widths) < width:
+        return 1
+    return math.ceil(len(widths) / max(1, int(width // max(widths))))
+
+
+def note(text: str) -> str:
+    """A second, smaller line under an axis, colour-bar or panel title (``FONT_SMALL``, still at least ``MIN_PT``).
+
+    Not ``<sup>``, which plotly draws at 70 % size; a figure's title takes a ``subtitle`` instead.
+    """
+    return f"<br><span style='font-size:{FONT_SMALL}px'>{text}</span>"
 
 
 def head_label(layer: int, head: int) -> str:
@@ -83,13 +169,13 @@ def diverging_range(values) -> float:
 def _colorbar(title: str, **kw) -> dict:
     """A colourbar in the house style, its title in words along its right side."""
     return dict(
-        title=dict(text=title, side="right", font=dict(size=14)), thickness=14, outlinewidth=0, ticks="outside",
-        tickfont=dict(size=13), **kw,
+        title=dict(text=title, side="right", font=dict(size=FONT)), thickness=12, outlinewidth=0, ticks="outside",
+        ticklen=3, tickfont=dict(size=FONT_SMALL), **kw,
     )  # fmt: skip
 
 
 def _range_note(zmin: float, zmax: float) -> str:
-    return f"<br><sup>colour range fitted to the data: {zmin:.2f} to {zmax:.2f}</sup>"
+    return note(f"colour range fitted to the data: {zmin:.2f} to {zmax:.2f}")
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -106,21 +192,48 @@ def _category_key(c: str) -> tuple[int, str]:
     return (CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else len(CATEGORY_ORDER) + (c == "other"), c)
 
 
+PLOTLY_JS = "plotly.min.js"  # written once per output folder; every HTML file there loads it by this relative name
+
+
 def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
-    """Write STEM.html, and STEM.png if static export works here; returns the files written."""
+    """Write STEM.html, and STEM.png if static export works here; returns the figure's files written.
+
+    The HTML opens offline: it loads plotly.js from ``plotly.min.js`` next to it (written
+    with the first figure in a folder, or when the installed plotly's differs), not from
+    a CDN. The PNG is ``SCALE`` times the layout's size: ``DPI`` dots per printed inch.
+    """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    _write_plotly_js(stem.parent)
     written = [stem.with_suffix(".html")]
-    fig.write_html(str(written[0]), include_plotlyjs="cdn")
+    fig.write_html(str(written[0]), include_plotlyjs=PLOTLY_JS)
     try:
-        fig.write_image(str(stem.with_suffix(".png")), scale=2)
+        fig.write_image(str(stem.with_suffix(".png")), scale=SCALE)
         written.append(stem.with_suffix(".png"))
     except Exception as e:  # no kaleido or no browser: HTML still written
         log.warning("PNG export unavailable (%s); wrote HTML only", _export_error(e))
     return written
 
 
-def show(fig: go.Figure, scale: float = 2.0):
+_JS_CHECKED: set[Path] = set()
+
+
+def _write_plotly_js(folder: Path) -> None:
+    """``folder/plotly.min.js``: the installed plotly's, checked once per folder and process."""
+    path = (folder / PLOTLY_JS).resolve()
+    if path in _JS_CHECKED and path.is_file():
+        return
+    from plotly.offline import get_plotlyjs
+
+    js = get_plotlyjs()
+    _JS_CHECKED.add(path)
+    if not (path.is_file() and path.read_text(encoding="utf-8") == js):
+        tmp = path.with_suffix(".js.tmp")
+        tmp.write_text(js, encoding="utf-8")
+        tmp.replace(path)
+
+
+def show(fig: go.Figure, scale: float = SCALE):
     """Display ``fig`` in a notebook as a static PNG (it renders wherever the notebook is viewed).
 
     Falls back to the interactive figure, with a one-line note of why, when the

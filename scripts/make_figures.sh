@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Redraw every committed figure under figures/ from the committed results (no model is loaded):
+#   scripts/make_figures.sh                 # PNG + HTML, and one plotly.min.js per folder
+#   OUT=/tmp/figures scripts/make_figures.sh  # somewhere else, e.g. to compare
+# Each folder is first emptied of its figures (*.png, *.html, plotly.min.js), so it holds exactly
+# what these commands draw. PNG export needs kaleido and a Chromium (`make chromium`); without
+# one the script stops before deleting anything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-figures}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+if ! "$PY" -c 'import plotly.graph_objects as go; go.Figure().to_image(format="png", width=20, height=20)' \
+  >/dev/null 2>&1; then
+  echo "make_figures.sh: PNG export (kaleido + a Chromium) does not work here; try: make chromium" >&2
+  exit 1
+fi
+
+draw() {  # FOLDER, then the inputs of site-lens figures
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  rm -f "$dir"/*.png "$dir"/*.html "$dir"/plotly.min.js
+  "$PY" -m site_lens figures "$@" --out "$dir" | grep '^wrote '
+}
+
+# the head-specificity study (seven FV tasks, SmolLM2) and the benchmark of both embedded models
+draw "$OUT" --runs results/head_specificity/runs --bench results/smollm2-135m,results/gemma-3-270m
+# the minimal-head-set study, per model
+draw "$OUT/minimal" --sparse results/minimal/smollm2-135m
+draw "$OUT/minimal_gemma" --sparse results/minimal/gemma-3-270m
