@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sequence_table import load  # this folder's script: the rows of a bench folder, seed 0
 
-from site_lens import bench
+from site_lens.experiments import bench
 
 METHODS = ["zero_shot", "icl", "site_opt", "i2cl_opt", "lora_opt"]
 NAMES = {"zero_shot": "zero-shot", "icl": "ICL", "site_opt": "SITE", "i2cl_opt": "I2CL", "lora_opt": "LoRA"}

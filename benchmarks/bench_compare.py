@@ -34,14 +34,14 @@ from site_lens.tasks import zero_shot_prompts
 prompts = sl.tasks.sample_icl_prompts(task.train, 5, 10, __import__("random").Random(0))
 t = sl.build_task_embedding(model, [p for p, _ in prompts])
 try:  # the backend seam
-    from site_lens.prompt_cache import PromptCache
+    from site_lens.engine.prompt_cache import PromptCache
     from site_lens.tokens import make_examples
     ex = make_examples(model, zero_shot_prompts(task.train[: reps + 5]))
     tr = sl.AlphaTrainer(model, t)
     cache = PromptCache(model, ex)
     loss_of = lambda i: tr.loss_fast(cache, [i])
 except ImportError:  # before it
-    from site_lens.selection import _PrefixCache, make_examples
+    from site_lens.stages.selection import _PrefixCache, make_examples
     ex = make_examples(model, zero_shot_prompts(task.train[: reps + 5]))
     tr = sl.AlphaTrainer(model, t)
     cache = _PrefixCache(model, ex, runner=tr.runner())

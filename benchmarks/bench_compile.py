@@ -33,9 +33,9 @@ import torch._dynamo
 import torch._dynamo.utils
 
 import site_lens as sl
-from site_lens import kernels
-from site_lens.backend import HookedBackend, PackedBackend
-from site_lens.prompt_cache import PromptCache
+from site_lens.engine import kernels
+from site_lens.engine.backend import HookedBackend, PackedBackend
+from site_lens.engine.prompt_cache import PromptCache
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
 from site_lens.tokens import make_examples
 

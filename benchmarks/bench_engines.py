@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from site_lens.backend import backend_for
 from site_lens.config import SelectionConfig
+from site_lens.engine.backend import backend_for
+from site_lens.engine.prompt_cache import PromptCache
 from site_lens.models import load_model
-from site_lens.prompt_cache import PromptCache
-from site_lens.selection import AlphaTrainer
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tokens import make_examples
 
 WORDS = ["hot", "big", "up", "yes", "fast", "old", "dark", "soft", "loud", "early", "happy", "strong"]

@@ -1,4 +1,4 @@
-"""One-row products over SmolLM2-135M's matrices: the C++ kernels (site_lens/kernels.py) vs torch (MKL).
+"""One-row products over SmolLM2-135M's matrices: the C++ kernels (site_lens/engine/kernels.py) vs torch (MKL).
 
 A batch-1 SITE step multiplies one row by each of these 121 matrices forward
 (x @ W) and backward (g @ W^T). Both only stream the weights, so the figure
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from site_lens import kernels
+from site_lens.engine import kernels
 
 
 def main() -> None:

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 import site_lens as sl
-from site_lens.backend import backend_for
+from site_lens.engine.backend import backend_for
+from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
-from site_lens.prompt_cache import PromptCache
-from site_lens.sequence import SequenceCache, objective_examples, sequence_loss
+from site_lens.stages.objectives import SequenceCache, objective_examples, sequence_loss
 
 
 def main() -> None:

@@ -34,14 +34,14 @@ from pathlib import Path
 import torch
 
 import site_lens as sl
-from site_lens import kernels
-from site_lens.backend import HookedBackend, PackedBackend, use_backend
-from site_lens.cie import causal_indirect_effect
+from site_lens.engine import kernels
+from site_lens.engine.backend import HookedBackend, PackedBackend, use_backend
+from site_lens.engine.generate import generate_greedy
+from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
-from site_lens.inject import generate_greedy
 from site_lens.methods.site import embedding_prompts
-from site_lens.prompt_cache import PromptCache
-from site_lens.selection import AlphaTrainer
+from site_lens.stages.cie import causal_indirect_effect
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
 from site_lens.tokens import encode, make_examples
 

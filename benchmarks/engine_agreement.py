@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from site_lens.backend import last_logits
-from site_lens.inject import generate_greedy
+from site_lens.engine.backend import last_logits
+from site_lens.engine.generate import generate_greedy
 from site_lens.methods.site import fit_site
 from site_lens.models import hf, load_model, model_identity
 from site_lens.tasks import format_query, load_task

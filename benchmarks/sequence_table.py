@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from site_lens import bench
+from site_lens.experiments import bench
 
 METHODS = ["icl", "site", "site_seq", "lora", "lora_seq", "i2cl", "i2cl_seq"]
 

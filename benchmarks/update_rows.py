@@ -5,7 +5,7 @@
 
 The rerun folder's rows.csv (``site-lens bench`` output) gives the new rows; every
 (task, method, seed) it holds replaces the old one. ``rows.csv``, ``summary.csv`` and
-``summary.md`` of the results folder are rewritten with ``site_lens.bench_report``'s summary
+``summary.md`` of the results folder are rewritten with ``site_lens.experiments.bench_report``'s summary
 (``--note`` lines are appended to summary.md).
 """
 
@@ -15,8 +15,8 @@ import argparse
 import csv
 from pathlib import Path
 
-from site_lens import bench_report
-from site_lens.io import write_text_atomic
+from site_lens.adapter import write_text_atomic
+from site_lens.experiments import bench_report
 
 NUMERIC = ("first_token_acc", "exact_match", "strict_match", "fit_seconds", "ms_per_query")
 

@@ -1,33 +1,33 @@
 """site-lens: SITE (soft head-selection for ICL-derived task embeddings) on TransformerLens.
 
-Stages, each in the module of its name:
-  embeddings.build_task_embedding   stage 1: mean hook_z at the last prompt token
-  selection.AlphaGate / AlphaTrainer stage 2: alpha = sigmoid(theta), trained on zero-shot prompts
-  inject.generate_greedy           stage 3: inject once at prefill (gate.injection_hooks), greedy with the KV cache
-  methods.fit_site                 stages 1 and 2 on a task; every scored method behind one interface
+Stages, by folder (engine/, stages/, methods/, analysis/, experiments/, cli/):
+  stages.embeddings.build_task_embedding  stage 1: mean hook_z at the last prompt token
+  stages.selection.AlphaTrainer           stage 2: alpha = sigmoid(theta) (gate.AlphaGate), trained on zero-shot prompts
+  engine.generate.generate_greedy         stage 3: inject once at prefill (gate.injection_hooks), greedy with KV cache
+  methods.fit_site                        stages 1 and 2 on a task; every scored method behind one interface
 Head sets:
-  sparse.fit_sparse / sparse_path  sparse SITE: an L0 (hard-concrete) or L1 price on every open head
-  minimal.score_head_sets          t written into given head sets, scored (exact match, answer probability)
-  sweep.minimal_sets               the minimal-set study of one task: sparse SITE against top-k rankings
-  shared.fit_shared                one alpha trained over several tasks, each with its own t
+  analysis.sparse.fit_sparse, sparse_path sparse SITE: an L0 (hard-concrete) or L1 price on every open head
+  analysis.minimal.score_head_sets        t written into given head sets, scored (exact match, answer probability)
+  experiments.sweep.minimal_sets          the minimal-set study of one task: sparse SITE against top-k rankings
+  analysis.multitask.fit_shared           one alpha trained over several tasks, each with its own t
 """
 
 from ._version import __version__
+from .adapter import Adapter, load_adapter, save_adapter
+from .analysis.minimal import HeadSet, score_head_sets
+from .analysis.multitask import fit_shared
+from .analysis.sparse import fit_sparse, sparse_path
 from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
-from .embeddings import build_task_embedding
+from .engine.generate import generate_greedy
+from .experiments.run import evaluate, predict, predict_with_logits, run_task
+from .experiments.sweep import minimal_sets
 from .gate import AlphaGate, gate_hook, injection_hooks
-from .inject import generate_greedy
-from .io import Adapter, load_adapter, save_adapter
 from .methods import SiteFit, fit_site
 from .metrics import exact_match, normalize, strict_match
-from .minimal import HeadSet, score_head_sets
 from .models import load_model, model_identity
 from .models.tiny import tiny_model
-from .pipeline import evaluate, predict, predict_with_logits, run_task
-from .selection import AlphaTrainer
-from .shared import fit_shared
-from .sparse import fit_sparse, sparse_path
-from .sweep import minimal_sets
+from .stages.embeddings import build_task_embedding
+from .stages.selection import AlphaTrainer
 from .tasks import Task, build_prompt, builtin_tasks, format_query, load_task
 
 __all__ = [
@@ -70,3 +70,14 @@ __all__ = [
     "strict_match",
     "tiny_model",
 ]
+
+# analysis modules by their short names (``from site_lens import overlap, patching, plots``), imported on first use
+_MODULES = {"overlap": "analysis.overlap", "patching": "analysis.patching", "plots": "analysis.plots"}
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

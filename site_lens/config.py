@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 T = TypeVar("T", bound="_Config")
 
 
-OBJECTIVES = ("first_token", "sequence", "option_token")  # training objectives (sequence.py)
+OBJECTIVES = ("first_token", "sequence", "option_token")  # training objectives (stages/objectives.py)
 TEACHER_FORCED = ("sequence", "option_token")  # the objectives trained on Example.continuation
 
 

@@ -5,7 +5,7 @@ sigmoid(theta), in the spirit of pyvene's ``SigmoidMaskIntervention``:
 parameter and math in one object. ``AlphaGate.mix`` is the interpolation
 itself; every path that mixes a head's ``hook_z`` toward a source calls it at
 run time: the injection hook here (stage 3, the naive and hooked training
-paths, patching, MTV), and the packed last-token engine (``lasttoken``).
+paths, patching, MTV), and the packed last-token engine (``engine.packed``).
 Patching a head is the same mix with alpha in {0, 1}.
 
     gate = AlphaGate(n_layers, n_heads)

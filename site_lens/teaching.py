@@ -139,7 +139,7 @@ def _ref_attn_out_from_z(z: Tensor, W_O: Tensor, b_O: Tensor) -> Tensor:
 
 def _ref_mean_hook_z(model, prompts: Sequence[Sequence[int]]) -> Tensor:
     """``embeddings.build_task_embedding`` on token-id prompts."""
-    from .embeddings import build_task_embedding
+    from .stages.embeddings import build_task_embedding
 
     return build_task_embedding(model, prompts)
 
@@ -154,8 +154,8 @@ def _ref_gate_hook(z: Tensor, hook, t_layer: Tensor, alpha_layer: Tensor) -> Ten
 def _ref_site_loss(model, theta: Tensor, t: Tensor, tokens: Tensor, target: int) -> Tensor:
     """``training.first_token_loss`` of one prompt with t injected by alpha = sigmoid(theta) (differentiable in theta)."""
     from .gate import injection_hooks
+    from .stages.training import first_token_loss
     from .tokens import Example
-    from .training import first_token_loss
 
     example = Example([int(i) for i in tokens[0]], int(target))
     alpha = torch.sigmoid(theta)
@@ -164,9 +164,9 @@ def _ref_site_loss(model, theta: Tensor, t: Tensor, tokens: Tensor, target: int)
 
 def _ref_train_theta(model, t: Tensor, examples: Sequence, plan: Sequence[Sequence[int]], lr: float = 0.2):
     """``training.train_loop`` on an ``AlphaGate`` with the fast (cached-prefix) loss, following ``plan``."""
+    from .engine.prompt_cache import PromptCache
     from .gate import AlphaGate
-    from .prompt_cache import PromptCache
-    from .training import frozen, train_loop
+    from .stages.training import frozen, train_loop
 
     gate = AlphaGate(model.cfg.n_layers, model.cfg.n_heads)
     t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
@@ -181,9 +181,9 @@ def _ref_train_theta(model, t: Tensor, examples: Sequence, plan: Sequence[Sequen
 def _ref_generate_with_injection(
     model, tokens: Sequence[int], t: Tensor, alpha: Tensor, max_new_tokens: int
 ) -> list[int]:
-    """``inject.generate_greedy`` with the injection hooks at prefill, never stopping early."""
+    """``generate.generate_greedy`` with the injection hooks at prefill, never stopping early."""
+    from .engine.generate import generate_greedy
     from .gate import injection_hooks
-    from .inject import generate_greedy
 
     out, _ = generate_greedy(
         model,
@@ -197,7 +197,7 @@ def _ref_generate_with_injection(
 
 def _ref_patch_heads(model, prompts: Sequence[Sequence[int]], targets: Sequence[int], t: Tensor, alpha: Tensor):
     """``patching.site_reference``: (accuracy, mean P(answer's first token)) with t mixed in by alpha."""
-    from .patching import PatchData, site_reference
+    from .analysis.patching import PatchData, site_reference
 
     data = PatchData([list(p) for p in prompts], torch.tensor([int(y) for y in targets]))
     return site_reference(model, data, t, alpha)
@@ -293,7 +293,7 @@ def check_site_loss(
     fn: Callable, model, t: Float[Tensor, "layer head_index d_head"], tokens: Tensor, target: int
 ) -> bool:
     """Does ``fn(model, theta, t, tokens, target)`` give the package's first-token loss, and its gradient in theta?"""
-    from .training import frozen
+    from .stages.training import frozen
 
     def body() -> str:
         theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=torch.Generator().manual_seed(1))
@@ -320,8 +320,8 @@ def check_train_theta(
 ) -> bool:
     """Does ``fn(model, t, examples, plan, lr)`` follow ``AlphaTrainer.fit`` (batch 1, no validation) step for step?"""
     from .config import SelectionConfig
-    from .selection import AlphaTrainer
-    from .training import schedule
+    from .stages.selection import AlphaTrainer
+    from .stages.training import schedule
 
     def body() -> str:
         plan = schedule(len(examples), steps, 1, seed=0)  # AlphaTrainer's own plan for seed 0
@@ -355,7 +355,7 @@ def check_generate_with_injection(
     alpha: Float[Tensor, "layer head_index"],
     max_new_tokens: int = 6,
 ) -> bool:
-    """Does ``fn(model, tokens, t, alpha, n)`` give ``inject.generate_greedy``'s tokens (injected once, at prefill)?"""
+    """Does ``fn(model, tokens, t, alpha, n)`` give ``generate.generate_greedy``'s tokens (injected once, at prefill)?"""
 
     def decode(ids: Sequence[int]) -> str:
         return repr(model.tokenizer.decode(list(ids))) if model.tokenizer is not None else str(list(ids))
@@ -389,7 +389,7 @@ def check_patch_heads(
     k: int = 4,
 ) -> bool:
     """Does ``fn(model, prompts, targets, t, alpha)`` give ``patching``'s (accuracy, P(answer)), hard and soft alpha?"""
-    from .patching import top_k_heads
+    from .analysis.patching import top_k_heads
 
     def body() -> str:
         hard = top_k_heads(alpha, k).float()

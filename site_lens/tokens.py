@@ -155,8 +155,8 @@ class Example:
 
     tokens: list[int]
     target: int
-    continuation: tuple[int, ...] = ()  # sequence.answer_sequence: answer tokens, then the end-of-answer token
-    scored_from: int = 0  # the first continuation token in the loss (sequence.option_token_examples)
+    continuation: tuple[int, ...] = ()  # objectives.answer_sequence: answer tokens, then the end-of-answer token
+    scored_from: int = 0  # the first continuation token in the loss (objectives.option_token_examples)
 
 
 def make_examples(model: Model, prompts: Sequence[tuple[str, str]]) -> list[Example]:

@@ -19,11 +19,9 @@ torch.set_num_threads(1)
 
 from small import SMALL_EMBEDDING, small_methods
 
-from site_lens import (
-    bench,
-    models,
-)
+from site_lens import models
 from site_lens.cli import main
+from site_lens.experiments import bench
 from site_lens.methods import METHODS
 
 _load = models.load_model

@@ -5,10 +5,10 @@ import torch
 from test_lasttoken import VARIANTS, _variant_model
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-from site_lens.backend import HookedBackend, backend_for, last_logits
+from site_lens.engine.backend import HookedBackend, backend_for, last_logits
+from site_lens.engine.generate import generate_greedy
+from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import AlphaGate, injection_hooks
-from site_lens.inject import generate_greedy
-from site_lens.prompt_cache import PromptCache
 from site_lens.tokens import Example, pad_right
 
 PROMPTS = [[5, 9, 17, 3], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
@@ -69,7 +69,7 @@ def test_backends_agree_through_the_seam(variant):
 
 def test_the_gate_formula_is_written_once(model, monkeypatch):
     """Patching AlphaGate.mix changes injection, the packed path, patching and generation alike."""
-    from site_lens.patching import PatchData, generic_head_patch
+    from site_lens.analysis.patching import PatchData, generic_head_patch
 
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 3
@@ -113,9 +113,9 @@ def test_a_packed_snapshot_stays_whole_when_weights_change():
     """A live PromptCache keeps the weights it was built from; backend_for then hands out a new snapshot."""
     from test_lasttoken import _tiny
 
-    from site_lens.backend import forget, use_backend
     from site_lens.config import SelectionConfig
-    from site_lens.selection import AlphaTrainer
+    from site_lens.engine.backend import forget, use_backend
+    from site_lens.stages.selection import AlphaTrainer
 
     model = _tiny()
     ex = [Example(p, 1) for p in PROMPTS]

@@ -4,12 +4,12 @@ import pytest
 import torch
 from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
-from site_lens.backend import last_logits, use_backend
 from site_lens.config import EvalConfig
+from site_lens.engine.backend import last_logits, use_backend
 from site_lens.methods import I2CL, IA3, METHODS, OPTION_METHODS, SEQUENCE_METHODS, LoRA, TaskContext, score_method
 from site_lens.methods.base import train_valid_examples
+from site_lens.stages.training import first_token_loss
 from site_lens.tasks import load_task
-from site_lens.training import first_token_loss
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
         "fv": (fv._factory(model), lambda _: lambda r: r + v),
         "tv": (tv._factory(model), lambda layer: lambda r: tv.vectors[layer].expand_as(r)),
     }
-    from site_lens.backend import backend_for
+    from site_lens.engine.backend import backend_for
 
     assert backend_for(model).name == "packed"  # the default below is the packed backend
     for name, (factory, edit) in cases.items():
@@ -233,8 +233,8 @@ def test_function_vector_goes_through_the_post_attention_norm():
     """One prompt, every head of a layer: v + the bias's share is exactly what the attention adds to the residual."""
     from helpers import tiny
 
-    from site_lens.embeddings import build_task_embedding
     from site_lens.methods.fv import function_vector, mean_inv_post_scale
+    from site_lens.stages.embeddings import build_task_embedding
 
     torch.manual_seed(0)
     model = tiny(n_ctx=64, use_normalization_before_and_after=True)
@@ -278,7 +278,7 @@ def test_last_token_means_equal_the_cache(model):
 
 def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
     """One-row chunks back-propagated one at a time give the whole batch's loss and gradient."""
-    from site_lens import training
+    from site_lens.stages import training
 
     m = I2CL()
     m.init_params(model, torch.randn(2, model.cfg.n_layers, model.cfg.d_model))
@@ -305,8 +305,8 @@ def test_loss_chunks_accumulate_the_same_gradient(model, task, monkeypatch):
 
 def test_training_with_one_row_chunks_matches_whole_batches(model, task, monkeypatch):
     """The memory cap changes how a step is computed, not what it learns."""
-    from site_lens import training
     from site_lens.methods import TrainConfig
+    from site_lens.stages import training
 
     cfg = TrainConfig(steps=5, batch_size=4, eval_every=0)
     a = I2CL(train=cfg)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from small import SMALL_EMBEDDING, bench_cmd, small_methods, write_task_dir
 
-from site_lens import bench, bench_report
 from site_lens.cli import main
 from site_lens.config import EvalConfig, SiteConfig
+from site_lens.experiments import bench, bench_report
 from site_lens.tasks import category
 
 SCORES = (

@@ -9,16 +9,16 @@ import pytest
 import torch
 from helpers import char_tokenizer
 
+from site_lens.adapter import AdapterError
+from site_lens.analysis.patching import head_patching_sweep
 from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
-from site_lens.embeddings import build_task_embedding
-from site_lens.inject import generate_greedy
-from site_lens.io import AdapterError
+from site_lens.engine.generate import generate_greedy
 from site_lens.methods.site import fit_site
 from site_lens.models import engines
 from site_lens.models.bridge import TINY_ARCHITECTURES, bridge_from_hf, tiny_bridge, tiny_hf
 from site_lens.models.identity import model_identity, register
-from site_lens.patching import head_patching_sweep
-from site_lens.selection import AlphaTrainer
+from site_lens.stages.embeddings import build_task_embedding
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import load_task
 from site_lens.tokens import encode, make_examples
 
@@ -167,7 +167,7 @@ def test_every_method_fits_and_scores_on_the_bridge(arch, tmp_path):
 def test_kv_cache_path_equals_the_full_forward(bridge):
     """Prefixes in the Hugging Face cache (explicit positions and masks) give the full forward's logits;
     the embedded models' architectures take that path."""
-    from site_lens.bridge_backend import PROBE_TOL, BridgeBackend, probe_error
+    from site_lens.engine.bridge_backend import PROBE_TOL, BridgeBackend, probe_error
 
     be = BridgeBackend(bridge)
     if engines.architecture(bridge) in ("LlamaForCausalLM", "Gemma3ForCausalLM"):
@@ -187,7 +187,7 @@ def test_every_method_fitted_on_either_engine_gives_the_same_logits(arch, tmp_pa
     (norm gains perturbed, so Gemma's (1 + w) norms matter) moves the logits identically."""
     from small import SMALL_EMBEDDING, small_methods, write_task_dir
 
-    from site_lens.backend import last_logits
+    from site_lens.engine.backend import last_logits
     from site_lens.methods import TaskContext
     from site_lens.models.convert import hooked_from_hf
 
@@ -268,8 +268,8 @@ def test_a_split_device_map_and_a_float64_layer(tmp_path):
 @needs_hooked
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_option_scores_equal_across_engines_and_bridge_paths(arch):
-    from site_lens.bridge_backend import BridgeBackend
-    from site_lens.choice import option_logprobs
+    from site_lens.engine.bridge_backend import BridgeBackend
+    from site_lens.engine.options import option_logprobs
     from site_lens.gate import injection_hooks
     from site_lens.models.convert import hooked_from_hf
 
@@ -297,7 +297,7 @@ def test_option_scores_equal_across_engines_and_bridge_paths(arch):
 
 def test_rerun_path_counts_negative_positions_from_the_new_tokens():
     """A hook at position -1 means the last new token on both bridge paths, not a prefix position."""
-    from site_lens.bridge_backend import BridgeBackend
+    from site_lens.engine.bridge_backend import BridgeBackend
     from site_lens.gate import injection_hooks
 
     bridge = tiny_bridge("llama", char_tokenizer())
@@ -316,10 +316,10 @@ def test_rerun_path_counts_negative_positions_from_the_new_tokens():
 def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
     """One packed engine for both model engines: packed from the bridge's transformers weights, its last-token
     logits, spans and gated generations equal the bridge's own forward."""
-    from site_lens.backend import backend_for
-    from site_lens.bridge_backend import BridgeBackend
+    from site_lens.engine.backend import backend_for
+    from site_lens.engine.bridge_backend import BridgeBackend
+    from site_lens.engine.generate import generate_under_gates
     from site_lens.gate import injection_hooks
-    from site_lens.inject import generate_under_gates
 
     hf = tiny_hf(arch, char_tokenizer(), **({"attention_bias": True} if arch == "llama" else {}))
     with torch.no_grad():  # unequal norm gains and non-zero biases, so every fold and bias shows

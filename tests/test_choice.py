@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from site_lens.choice import option_accuracy, option_logprobs
+from site_lens.engine.options import option_accuracy, option_logprobs
 from site_lens.gate import injection_hooks
 from site_lens.metrics import score
 from site_lens.tasks import Choice, TaskError, load_task

@@ -1,9 +1,9 @@
 import torch
 
-from site_lens.backend import last_logits, use_backend
-from site_lens.cie import alpha_cie_correlation, causal_indirect_effect, shuffled_label_prompts
-from site_lens.embeddings import build_task_embedding
-from site_lens.prompt_cache import PromptCache
+from site_lens.engine.backend import last_logits, use_backend
+from site_lens.engine.prompt_cache import PromptCache
+from site_lens.stages.cie import alpha_cie_correlation, causal_indirect_effect, shuffled_label_prompts
+from site_lens.stages.embeddings import build_task_embedding
 from site_lens.tasks import load_task
 from site_lens.tokens import Example, encode, pad_id, pad_right
 
@@ -55,12 +55,12 @@ def test_cie_nonzero_for_other_embedding(model):
 
 
 def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
-    from site_lens.cie import _prompts_and_targets
     from site_lens.gate import injection_hooks
+    from site_lens.stages.cie import _prompts_and_targets
 
     task = load_task("opposites")
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
-    from site_lens.backend import backend_for
+    from site_lens.engine.backend import backend_for
 
     assert backend_for(model).name == "packed"  # so the comparison below is packed against hooked
     packed = causal_indirect_effect(model, task, t, n_prompts=4, n_shots=2, rows_per_call=3)  # several calls a prompt
@@ -92,7 +92,7 @@ def test_cie_falls_back_to_hooks_on_unsupported_models():
     ln = tiny(normalization_type="LN", final_rms=False)
     task = load_task("opposites")
     t = torch.randn(ln.cfg.n_layers, ln.cfg.n_heads, ln.cfg.d_head) * 3
-    from site_lens.backend import backend_for
+    from site_lens.engine.backend import backend_for
 
     assert backend_for(ln).name == "hooked"
     cie = causal_indirect_effect(ln, task, t, n_prompts=2, n_shots=2)

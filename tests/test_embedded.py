@@ -46,9 +46,9 @@ def test_site_beats_zero_shot_on_builtin_task(smollm):
 def _fast_and_naive(model):
     """(naive loss, naive theta-grad, {path: (fast loss, fast theta-grad)}) on three real prompts, random theta."""
     from site_lens import build_task_embedding
-    from site_lens.backend import backend_for
-    from site_lens.prompt_cache import PromptCache
-    from site_lens.selection import AlphaTrainer
+    from site_lens.engine.backend import backend_for
+    from site_lens.engine.prompt_cache import PromptCache
+    from site_lens.stages.selection import AlphaTrainer
     from site_lens.tokens import make_examples
 
     t = build_task_embedding(model, ["Q: up\nA: down\n\nQ: big\nA: small\n\nQ: hot\nA:", "Q: in\nA: out\n\nQ: dry\nA:"])
@@ -74,7 +74,7 @@ def test_fast_path_equals_naive_on_embedded_model(smollm):
 
 
 def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
-    from site_lens.inject import generate_greedy
+    from site_lens.engine.generate import generate_greedy
     from site_lens.tokens import encode
 
     prompts = encode(
@@ -90,7 +90,7 @@ def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
 
 def test_gemma3_packed_paths_equal_hooked(gemma):
     """Gemma 3 270M (the second embedded family): packed training loss/grad and decoding equal the hooked model."""
-    from site_lens.inject import generate_greedy
+    from site_lens.engine.generate import generate_greedy
     from site_lens.tokens import encode
 
     ln, gn, fast = _fast_and_naive(gemma)
@@ -129,9 +129,9 @@ def test_numeric_answer_targets_a_digit(which, request):
 def test_sequence_objective_cached_paths_equal_whole_prompts(which, request):
     """The answer-sequence loss: the packed and hooked cached paths against whole prompts, loss and theta-grad."""
     from site_lens import build_task_embedding
-    from site_lens.backend import backend_for
+    from site_lens.engine.backend import backend_for
     from site_lens.gate import injection_hooks
-    from site_lens.sequence import SequenceCache, sequence_examples, sequence_loss
+    from site_lens.stages.objectives import SequenceCache, sequence_examples, sequence_loss
 
     model = request.getfixturevalue(which)
     t = build_task_embedding(model, ["Q: France\nA: Paris\n\nQ: Peru\nA: Lima\n\nQ: Chad\nA:"])

@@ -1,7 +1,7 @@
 import torch
 
-from site_lens.embeddings import build_task_embedding, last_token_z
 from site_lens.gate import z_names
+from site_lens.stages.embeddings import build_task_embedding, last_token_z
 from site_lens.tokens import encode
 
 

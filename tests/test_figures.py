@@ -12,12 +12,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from site_lens import plots
+from site_lens.adapter import Adapter, save_adapter
+from site_lens.analysis import plots
+from site_lens.analysis.patching import k_sweep
 from site_lens.cli import main
-from site_lens.io import Adapter, save_adapter
-from site_lens.models import model_identity
-from site_lens.patching import k_sweep
-from site_lens.report import (
+from site_lens.experiments.report import (
     CIE_FILE,
     PATCHING_FILE,
     TRANSFER_FILE,
@@ -27,6 +26,7 @@ from site_lens.report import (
     write_benchmark_figures,
     write_figures,
 )
+from site_lens.models import model_identity
 
 
 @pytest.fixture(autouse=True)
@@ -276,7 +276,7 @@ def test_every_figure_is_one_of_two_widths_with_no_text_under_7_pt(tmp_path, mod
     write_figures(find_runs(tmp_path / "runs"), tmp_path / "f", tm)
     write_benchmark_figures([_bench_dir(tmp_path / "b", "model-a")], tmp_path / "f")
     if GEMMA_MINIMAL.is_dir():
-        from site_lens.minimal_report import write_minimal_figures
+        from site_lens.experiments.minimal_report import write_minimal_figures
 
         write_minimal_figures(GEMMA_MINIMAL, tmp_path / "m")
     assert len(figures) > 10
@@ -374,7 +374,7 @@ def test_training_curve_clips_no_point_and_counts_zero_losses():
 
 @pytest.mark.skipif(not GEMMA_MINIMAL.is_dir(), reason="no committed minimal-set results")
 def test_minimal_figures_say_what_they_draw(tmp_path, monkeypatch):
-    from site_lens.minimal_report import write_minimal_figures
+    from site_lens.experiments.minimal_report import write_minimal_figures
 
     figures = _capture(monkeypatch)
     write_minimal_figures(GEMMA_MINIMAL, tmp_path)

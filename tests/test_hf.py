@@ -11,9 +11,9 @@ from helpers import (
     needs_hooked,
 )
 
+from site_lens.adapter import Adapter, AdapterError
+from site_lens.engine.generate import generate_greedy
 from site_lens.gate import injection_hooks
-from site_lens.inject import generate_greedy
-from site_lens.io import Adapter, AdapterError
 from site_lens.models import hf, model_identity
 from site_lens.models.convert import ModelError, hooked_from_hf
 from site_lens.tokens import encode, generation_stop_ids
@@ -197,8 +197,8 @@ def _prompts(n: int = 50) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma-3-270m"])
 def test_embedded_models_agree_with_transformer_lens(name):
-    from site_lens.embeddings import build_task_embedding
     from site_lens.models import load_model
+    from site_lens.stages.embeddings import build_task_embedding
     from site_lens.tasks import format_query, load_task
 
     tl = load_model(name)
@@ -230,10 +230,10 @@ def test_embedded_models_agree_with_transformer_lens(name):
 
 @pytest.mark.slow
 def test_predict_cli_with_the_hf_engine(tmp_path, capsys):
+    from site_lens.adapter import save_adapter
     from site_lens.cli import main
-    from site_lens.embeddings import build_task_embedding
-    from site_lens.io import save_adapter
     from site_lens.models import load_model
+    from site_lens.stages.embeddings import build_task_embedding
     from site_lens.tasks import format_query, load_task
 
     tl = load_model("smollm2-135m")

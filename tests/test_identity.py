@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import needs_hooked
 
-from site_lens.io import Adapter, AdapterError
+from site_lens.adapter import Adapter, AdapterError
 from site_lens.models.convert import PROCESSING_FLAGS, ModelError, new_hooked
 from site_lens.models.identity import detect_processing, model_identity, register
 from site_lens.models.tiny import build_cfg, tiny_model

@@ -1,9 +1,9 @@
 import torch
 from helpers import needs_hooked
 
-from site_lens.backend import last_logits
+from site_lens.engine.backend import last_logits
+from site_lens.engine.generate import generate_greedy
 from site_lens.gate import gate_hook, injection_hooks, z_names
-from site_lens.inject import generate_greedy
 from site_lens.models.convert import fast_layout
 from site_lens.models.tiny import tiny_model
 from site_lens.tokens import encode, pad_right

@@ -3,9 +3,9 @@ import json
 import pytest
 import torch
 
-from site_lens.io import Adapter, AdapterError, load_adapter, save_adapter
+from site_lens.adapter import Adapter, AdapterError, load_adapter, save_adapter
+from site_lens.experiments.run import predict, predict_with_logits
 from site_lens.models import model_identity
-from site_lens.pipeline import predict, predict_with_logits
 
 
 def _adapter(model):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from site_lens import kernels
+from site_lens.engine import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler/ninja: kernels fall back to torch")
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 from helpers import needs_hooked
 
-from site_lens import kernels
-from site_lens.backend import PackedBackend, backend_for, last_logits, logits_at, use_backend
 from site_lens.config import SelectionConfig
+from site_lens.engine import kernels
+from site_lens.engine.backend import PackedBackend, backend_for, last_logits, logits_at, use_backend
+from site_lens.engine.packed import LastToken, unsupported
+from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
-from site_lens.lasttoken import LastToken, unsupported
-from site_lens.prompt_cache import PromptCache
-from site_lens.selection import AlphaTrainer
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tokens import make_examples
 
 WORDS = ["cat", "dog", "sun", "moon", "tree", "elephant", "ox", "rock"]
@@ -147,11 +147,11 @@ def test_span_past_the_context_is_refused(model):
 
 def test_probe_covers_spans(monkeypatch):
     """A packed span that disagrees with the hooked model sends the model to the hooked backend."""
-    from site_lens import lasttoken
+    from site_lens.engine import packed
 
     model = _tiny()
     real = LastToken.span_logits
-    monkeypatch.setattr(lasttoken.LastToken, "span_logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
+    monkeypatch.setattr(packed.LastToken, "span_logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
     b = backend_for(model)
     assert b.name == "hooked" and "probe" in b.reason
 
@@ -221,12 +221,12 @@ def test_architecture_off_the_allow_list_uses_the_hooked_backend():
 
 def test_probe_mismatch_falls_back_to_hooked(monkeypatch, caplog):
     """When packed weights disagree with the hooked model on the probe prompt, the hooked backend is used (logged)."""
-    from site_lens import lasttoken
+    from site_lens.engine import packed
 
     model = _tiny()
     real = LastToken.logits
-    monkeypatch.setattr(lasttoken.LastToken, "logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
-    with caplog.at_level("WARNING", logger="site_lens.backend"):
+    monkeypatch.setattr(packed.LastToken, "logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
+    with caplog.at_level("WARNING", logger="site_lens.engine.backend"):
         b = backend_for(model)
     assert b.name == "hooked" and "probe" in b.reason
     assert "probe" in caplog.text
@@ -299,7 +299,7 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
 
 
 def test_generation_packed_equals_hooked_and_uncached(model):
-    from site_lens.inject import generate_greedy
+    from site_lens.engine.generate import generate_greedy
 
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 2
@@ -341,7 +341,7 @@ def test_runner_is_kept_and_rebuilt_when_weights_change(model):
 
 
 def test_runner_built_under_inference_mode_still_trains(model):
-    from site_lens.inject import generate_greedy
+    from site_lens.engine.generate import generate_greedy
 
     with torch.no_grad():
         model.blocks[0].mlp.W_out.mul_(1.0)  # weights changed: the next call rebuilds the runner
@@ -380,14 +380,14 @@ def _one_row_equals_hooked(variant):
 
 def test_packed_generation_drops_finished_rows_without_changing_any_row(model, monkeypatch):
     """Rows stopping at different steps: the packed decoder compacts its batch; every row's tokens stay the same."""
-    from site_lens.inject import generate_greedy
+    from site_lens.engine.generate import generate_greedy
 
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7], [40], [12, 13], [22, 23, 24, 25]]
     free, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), backend="hooked")
     stop = {free[0][1], free[1][3]}  # row 0 ends by step 2, row 1 by step 4; others when they meet these
     want = [g[: next((k + 1 for k, tok in enumerate(g) if tok in stop), len(g))] for g in free]
     assert len({len(g) for g in want}) > 1 and max(len(g) for g in want) == 10  # rows finish at different steps
-    from site_lens.prefix import DecodeCache
+    from site_lens.engine.prefix import DecodeCache
 
     calls = []
     select = DecodeCache.select
@@ -437,7 +437,7 @@ def test_packed_path_past_transformer_lens_initial_rotary_table(monkeypatch):
     # copies must follow (a 10-shot squad_val prompt crashed at position 2,048)
     from transformer_lens.components.abstract_attention import AbstractAttention
 
-    from site_lens.inject import generate_greedy
+    from site_lens.engine.generate import generate_greedy
 
     monkeypatch.setattr(AbstractAttention, "ROTARY_INITIAL_CACHE_SIZE", 8)
     model = _tiny()

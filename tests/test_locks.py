@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from small import bench_cmd, write_task_dir
 
-from site_lens import bench, locks
+from site_lens import locks
 from site_lens.config import ConfigError
+from site_lens.experiments import bench
 from site_lens.locks import Locks, owner_tag, temp_is_orphan
 
 

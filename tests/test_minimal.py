@@ -2,9 +2,7 @@ import pandas as pd
 import pytest
 import torch
 
-from site_lens.gate import injection_hooks
-from site_lens.inject import generate_greedy
-from site_lens.minimal import (
+from site_lens.analysis.minimal import (
     HeadSet,
     add_recovery,
     heads_string,
@@ -19,6 +17,8 @@ from site_lens.minimal import (
     smallest_k,
     top_k_mask,
 )
+from site_lens.engine.generate import generate_greedy
+from site_lens.gate import injection_hooks
 from site_lens.tasks import Task
 from site_lens.tokens import encode
 
@@ -151,8 +151,8 @@ def test_smallest_k_chooses_on_valid_and_reports_test():
 def test_gates_over_shared_prefixes_match_generate_greedy(gemma_like):
     from helpers import tiny
 
-    from site_lens.backend import backend_for
-    from site_lens.inject import generate_under_gates
+    from site_lens.engine.backend import backend_for
+    from site_lens.engine.generate import generate_under_gates
 
     torch.manual_seed(0)
     model = tiny(use_qk_norm=True, use_normalization_before_and_after=True) if gemma_like else tiny()

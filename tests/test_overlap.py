@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 import torch
 
-from site_lens.io import Adapter
-from site_lens.overlap import (
+from site_lens.adapter import Adapter
+from site_lens.analysis.overlap import (
     alpha_shares,
     category_summary,
     cluster_order,

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from site_lens.embeddings import last_token_z
-from site_lens.io import Adapter
-from site_lens.patching import (
+from site_lens.adapter import Adapter
+from site_lens.analysis.patching import (
     bottom_k_heads,
     generic_head_patch,
     head_patching_sweep,
@@ -15,6 +14,7 @@ from site_lens.patching import (
     random_k_heads,
     top_k_heads,
 )
+from site_lens.stages.embeddings import last_token_z
 from site_lens.tasks import load_task
 
 

@@ -8,9 +8,9 @@ import plotly.io as pio
 import pytest
 import torch
 
-from site_lens import plots
-from site_lens.overlap import jaccard, jaccard_matrix, pearson_matrix
-from site_lens.plots import (
+from site_lens.analysis import plots
+from site_lens.analysis.overlap import jaccard, jaccard_matrix, pearson_matrix
+from site_lens.analysis.plots import (
     alpha_cie_scatter,
     alpha_heatmap,
     alpha_histogram,

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-import site_lens.io as io_mod
-from site_lens.io import CFG_FILE, WEIGHTS_FILE, Adapter, AdapterError, load_adapter, save_adapter
+import site_lens.adapter as io_mod
+from site_lens.adapter import CFG_FILE, WEIGHTS_FILE, Adapter, AdapterError, load_adapter, save_adapter
 from site_lens.models import model_identity, weight_cache
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

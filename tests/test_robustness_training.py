@@ -13,12 +13,12 @@ import logging
 import pytest
 import torch
 
-import site_lens.embeddings as emb
+import site_lens.stages.embeddings as emb
 from site_lens.config import ConfigError, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from site_lens.experiments.run import evaluate, run_task
 from site_lens.gate import z_names
 from site_lens.methods import fit_site
-from site_lens.pipeline import evaluate, run_task
-from site_lens.selection import AlphaTrainer
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import Task
 from site_lens.tokens import make_examples
 
@@ -68,7 +68,7 @@ def _fit_with_nan_after(model, k: int, fast: bool, valid: bool, keep_best: bool)
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "naive"])
 def test_nan_mid_training_stops_and_keeps_last_good_theta(model, fast, caplog):
-    with caplog.at_level(logging.ERROR, logger="site_lens.training"):
+    with caplog.at_level(logging.ERROR, logger="site_lens.stages.training"):
         tr, gate, thetas = _fit_with_nan_after(model, k=4, fast=fast, valid=False, keep_best=True)
     h = tr.history
     assert h.stopped_early == "non-finite loss (nan) at step 5; kept the theta of step 4"
@@ -148,7 +148,7 @@ def test_same_seed_gives_bit_identical_pipeline_on_cpu(model):
 
 
 def test_other_seed_is_recorded_and_changes_the_run(model, tmp_path):
-    from site_lens.commands import run_one
+    from site_lens.cli.commands import run_one
 
     results = {}
     for seed in (0, 1):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from site_lens.config import SelectionConfig
-from site_lens.prompt_cache import PromptCache
-from site_lens.selection import AlphaTrainer
+from site_lens.engine.prompt_cache import PromptCache
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tokens import make_examples
 
 
@@ -100,7 +100,7 @@ def test_fit_rejects_empty_train(model):
 
 def test_naive_fit_with_one_row_chunks_matches_whole_batches(model, monkeypatch):
     """Whole-prompt training accumulates gradients over memory-capped chunks: same theta, one row per pass."""
-    from site_lens import training as selection
+    from site_lens.stages import training as selection
 
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = _examples(model, WORDS[:6] + ["elephant", "ox"])

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from site_lens.backend import backend_for
 from site_lens.config import ConfigError, SelectionConfig
+from site_lens.engine.backend import backend_for
 from site_lens.gate import injection_hooks
-from site_lens.selection import AlphaTrainer
-from site_lens.sequence import SequenceCache, answer_sequence, sequence_examples, sequence_loss
+from site_lens.stages.objectives import SequenceCache, answer_sequence, sequence_examples, sequence_loss
+from site_lens.stages.selection import AlphaTrainer
+from site_lens.stages.training import first_token_loss
 from site_lens.tokens import Example, generation_stop_ids, make_examples
-from site_lens.training import first_token_loss
 
 WORDS = ["cat", "dog", "sun", "moon", "tree", "rock", "elephant", "ox"]
 
@@ -63,23 +63,23 @@ def test_cached_batches_of_one_prefix_length_equal_rows_one_by_one(model):
 
 def test_whole_prompt_batches_equal_rows_one_by_one(model, monkeypatch):
     """Whole prompts run in right-padded chunks (answers of several lengths); a one-row budget gives the same loss and grad."""
-    from site_lens import sequence
+    from site_lens.stages import objectives
 
     g = torch.Generator().manual_seed(2)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, generator=g)
     theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=g).requires_grad_(True)
     ex = sequence_examples(model, [("Q: ab\nA:", "x"), ("Q: elephant\nA:", "xyzzy"), ("Q: ox\nA:", "xy")])
     prefill = lambda last: injection_hooks(model, t, torch.sigmoid(theta), last)
-    real, chunks = sequence.logits_at, []
+    real, chunks = objectives.logits_at, []
 
     def spy(model, tokens, positions, **kw):
         chunks.append(tokens.shape[0])
         return real(model, tokens, positions, **kw)
 
-    monkeypatch.setattr(sequence, "logits_at", spy)
+    monkeypatch.setattr(objectives, "logits_at", spy)
     batched = sequence_loss(model, ex, prefill)
     (gb,) = torch.autograd.grad(batched, theta)
-    monkeypatch.setattr(sequence, "GRAD_CELLS", 1)  # every chunk a single row
+    monkeypatch.setattr(objectives, "GRAD_CELLS", 1)  # every chunk a single row
     rows = sequence_loss(model, ex, prefill)
     (gr,) = torch.autograd.grad(rows, theta)
     assert chunks == [3, 1, 1, 1]
@@ -167,8 +167,8 @@ def test_whole_prompt_baselines_train_on_sequences(model, tmp_path, kind):
 def test_site_seq_is_site_with_the_sequence_objective():
     from dataclasses import replace
 
-    from site_lens import bench
     from site_lens.config import SiteConfig
+    from site_lens.experiments import bench
     from site_lens.methods import configured
 
     cfg = SiteConfig()
@@ -189,7 +189,7 @@ LETTERS = ["(A)", "(B)", "(C)"]
 
 def test_option_token_scores_the_first_token_where_options_differ(model):
     """Lettered answers share " (": the target is the letter, after " (" teacher-forced and unscored."""
-    from site_lens.sequence import option_token_examples
+    from site_lens.stages.objectives import option_token_examples
 
     prompts = [(f"Q: pick {w}\nA:", LETTERS[i % 3]) for i, w in enumerate(WORDS)]
     ex = option_token_examples(model, prompts, [LETTERS] * len(prompts))
@@ -221,7 +221,7 @@ def test_site_opt_trains_on_the_letter(model, tmp_path):
 
     from site_lens.config import SiteConfig
     from site_lens.methods import METHODS, configured
-    from site_lens.sequence import objective_examples
+    from site_lens.stages.objectives import objective_examples
     from site_lens.tasks import load_task
 
     d = tmp_path / "mc"

@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
+from site_lens.adapter import AdapterError, load_adapter, save_adapter
+from site_lens.analysis.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
 from site_lens.config import ConfigError, SelectionConfig, SparsityConfig
 from site_lens.gate import AlphaGate, HardConcreteGate, alpha_from_theta
-from site_lens.io import AdapterError, load_adapter, save_adapter
-from site_lens.selection import AlphaTrainer
-from site_lens.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
+from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import Task
 from site_lens.tokens import make_examples
 

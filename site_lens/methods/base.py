@@ -34,18 +34,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..choice import option_accuracy, option_logprobs
 from ..config import OBJECTIVES, TEACHER_FORCED, ConfigError, EmbeddingConfig, EvalConfig, _Config
-from ..embeddings import build_task_embedding
+from ..engine.generate import generate_greedy
+from ..engine.options import option_accuracy, option_logprobs
+from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, Hooks
-from ..inject import generate_greedy
 from ..metrics import score
 from ..models.engines import Model
-from ..prompt_cache import PromptCache
-from ..sequence import objective_examples, sequence_loss
+from ..stages.embeddings import build_task_embedding
+from ..stages.objectives import objective_examples, sequence_loss
+from ..stages.training import first_token_loss, frozen, schedule, train_loop
 from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
 from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
-from ..training import first_token_loss, frozen, schedule, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def score_method(
 
     Items that list accepted answers (``tasks.Choice``) match any of them; on a multiple-choice
     task (every item lists options) ``option_acc`` is added: the gold option has the highest summed
-    log-probability under the method (``choice.option_logprobs``).
+    log-probability under the method (``options.option_logprobs``).
     """
     cfg = cfg or EvalConfig()
     pairs = task.split(split)[: cfg.max_test]
@@ -217,7 +217,7 @@ class TrainConfig(_Config):
     batch_size: int = 8  # zero-shot prompts per step
     eval_every: int = 25  # valid loss every this many steps (and at the end); 0 = never
     max_valid: int = 50  # valid items for model selection
-    objective: str = "first_token"  # or "sequence" / "option_token" (config.OBJECTIVES, sequence.py)
+    objective: str = "first_token"  # or "sequence" / "option_token" (config.OBJECTIVES, stages/objectives.py)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -244,7 +244,7 @@ def train_params(
     """Adam on ``params`` (the model frozen) over whole prompts; restores the best-valid parameters.
 
     The loss is ``cfg.objective``'s: the answer's first token (``training.first_token_loss``), or
-    every answer token and its end (``sequence.sequence_loss``; ``train`` and ``valid`` then need
+    every answer token and its end (``objectives.sequence_loss``; ``train`` and ``valid`` then need
     continuations, as ``train_valid_examples(..., "sequence")`` gives them).
 
     The loop is ``training.train_loop``, SITE's: validation every ``eval_every`` steps and at the

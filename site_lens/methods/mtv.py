@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from ..config import ConfigError, _Config
+from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, injection_hooks
 from ..models.engines import Model
-from ..prompt_cache import PromptCache
 from ..tasks import Task
 from .base import Method, TaskContext, method_seed, train_valid_examples
 

@@ -25,5 +25,5 @@ class ICL(Method):
         self.n_shots = n_shots
 
     def prompts(self, task: Task, pairs: Sequence[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
-        """The same demonstrations ``pipeline.evaluate`` draws (``random.Random(seed + 1)``)."""
+        """The same demonstrations ``experiments.run.evaluate`` draws (``random.Random(seed + 1)``)."""
         return sample_icl_prompts(task.train, 0, self.n_shots, random.Random(seed + 1), queries=pairs)

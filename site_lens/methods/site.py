@@ -17,17 +17,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..backend import describe
+from ..adapter import Adapter
 from ..config import EmbeddingConfig, SelectionConfig, SiteConfig
-from ..embeddings import build_task_embedding
+from ..engine.backend import describe
 from ..gate import HookFactory
-from ..io import Adapter
 from ..models import model_identity
 from ..models.engines import Model
-from ..selection import AlphaTrainer
-from ..sequence import objective_examples
+from ..stages.embeddings import build_task_embedding
+from ..stages.objectives import objective_examples
+from ..stages.selection import AlphaTrainer
+from ..stages.training import TrainHistory
 from ..tasks import Task, check_enough, sample_icl_prompts
-from ..training import TrainHistory
 from .base import Method, TaskContext
 
 

@@ -3,7 +3,7 @@
 Both expose the same hook names (``blocks.{l}.attn.hook_z`` is an alias of the
 bridge's ``attn.o.hook_in``), ``cfg`` with the shape fields site-lens reads,
 ``hooks(...)``, ``run_with_hooks`` and a tokenizer. Where they differ (weight
-layout, KV cache, weight processing) the backend seam (``site_lens.backend``)
+layout, KV cache, weight processing) the backend seam (``site_lens.engine.backend``)
 decides; code above it annotates with ``Model`` and never asks which engine
 it has.
 

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..adapter import Adapter, AdapterError
 from ..gate import AlphaGate
-from ..io import Adapter, AdapterError
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, hf_architecture, join_gguf
 from .identity import hf_name, hf_weights_digest, output_projections, record_source, source_of
@@ -157,7 +157,7 @@ def _text_config(model: Any) -> Any:
 
 
 def hf_identity(model: Any) -> dict[str, Any]:
-    """What an adapter must match (``io.MATCH_KEYS``), read from the HF config; HF weights are unprocessed."""
+    """What an adapter must match (``adapter.MATCH_KEYS``), read from the HF config; HF weights are unprocessed."""
 
     c = _text_config(model)
     n_heads = getattr(c, "num_attention_heads", None) or c.n_head

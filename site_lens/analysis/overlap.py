@@ -1,0 +1,137 @@
+"""Cross-task head overlap: do different tasks select the same heads?
+
+Given several tasks' alphas (name -> (layer, head) tensor):
+
+    pearson_matrix(alphas), spearman_matrix(alphas)   alpha correlation over heads
+    jaccard_matrix(alphas, k)                          overlap of the top-k head sets
+    cluster_order(matrix)                              average-linkage leaf order (numpy)
+    category_summary(matrix, categories)               mean within vs across categories
+    transfer_matrix(model, tasks, adapters)            task B's t with task A's alpha
+
+All matrices are pandas DataFrames indexed and columned by task name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ..models.engines import Model
+from ..stats import pearson, spearman
+
+Alphas = Mapping[str, Float[Tensor, "layer head_index"]]
+
+
+def top_k_set(alpha: Float[Tensor, "layer head_index"], k: int) -> set[tuple[int, int]]:
+    """The k (layer, head) pairs with the largest alpha (ties broken by index)."""
+    n_heads = alpha.shape[1]
+    idx = torch.argsort(alpha.detach().flatten().cpu(), descending=True, stable=True)[:k]
+    return {(int(i) // n_heads, int(i) % n_heads) for i in idx}
+
+
+def jaccard(a: set, b: set) -> float:
+    """|a & b| / |a | b| (1 for two empty sets)."""
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+# ---------------------------------------------------------------- matrices
+
+
+def _matrix(alphas: Alphas, fn) -> pd.DataFrame:
+    names = list(alphas)
+    m = np.array([[fn(alphas[a], alphas[b]) for b in names] for a in names], dtype=float)
+    return pd.DataFrame(m, index=names, columns=names)
+
+
+def pearson_matrix(alphas: Alphas) -> pd.DataFrame:
+    """Pearson correlation of alpha over heads, for every pair of tasks."""
+    return _matrix(alphas, pearson)
+
+
+def spearman_matrix(alphas: Alphas) -> pd.DataFrame:
+    """Spearman correlation of alpha over heads, for every pair of tasks."""
+    return _matrix(alphas, spearman)
+
+
+def jaccard_matrix(alphas: Alphas, k: int = 20) -> pd.DataFrame:
+    """Jaccard overlap of the top-k heads by alpha, for every pair of tasks."""
+    return _matrix(alphas, lambda a, b: jaccard(top_k_set(a, k), top_k_set(b, k)))
+
+
+def cluster_order(similarity: pd.DataFrame) -> list[str]:
+    """Leaf order of average-linkage agglomerative clustering on 1 - similarity (pure numpy)."""
+    names = list(similarity.index)
+    if len(names) <= 2:
+        return names
+    dist = 1.0 - np.nan_to_num(similarity.to_numpy(dtype=float), nan=0.0)
+    clusters: list[list[int]] = [[i] for i in range(len(names))]
+    while len(clusters) > 1:
+        best = (np.inf, 0, 1)
+        for i in range(len(clusters)):
+            for j in range(i + 1, len(clusters)):
+                d = dist[np.ix_(clusters[i], clusters[j])].mean()
+                if d < best[0]:
+                    best = (d, i, j)
+        _, i, j = best
+        merged = clusters[i] + clusters[j]
+        clusters = [c for n, c in enumerate(clusters) if n not in (i, j)] + [merged]
+    return [names[i] for i in clusters[0]]
+
+
+def category_summary(matrix: pd.DataFrame, categories: Mapping[str, str]) -> dict[str, float]:
+    """Mean off-diagonal value for pairs in the same category vs in different ones."""
+    names = [n for n in matrix.index if n in categories]
+    within, across = [], []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            (within if categories[a] == categories[b] else across).append(float(matrix.loc[a, b]))
+    return {
+        "within": float(np.mean(within)) if within else float("nan"),
+        "across": float(np.mean(across)) if across else float("nan"),
+        "n_within": len(within),
+        "n_across": len(across),
+    }
+
+
+def alpha_shares(alpha: Float[Tensor, "layer head_index"], low: float = 0.1, high: float = 0.9) -> dict[str, float]:
+    """Share of heads with alpha < low and > high (how binary the selection is)."""
+    a = alpha.detach().float().flatten()
+    return {f"share_lt_{low}": float((a < low).float().mean()), f"share_gt_{high}": float((a > high).float().mean())}
+
+
+# ---------------------------------------------------------------- transfer
+
+
+@torch.inference_mode()
+def transfer_matrix(
+    model: Model,
+    tasks: Mapping[str, Task],  # noqa: F821
+    adapters: Mapping[str, Adapter],  # noqa: F821
+    split: str = "test",
+    max_items: int = 50,
+    names: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """First-token accuracy on task B (columns) with B's embedding t and task A's alpha (rows)."""
+    from ..engine.prompt_cache import PromptCache
+    from ..tasks import zero_shot_prompts
+    from ..tokens import make_examples
+
+    names = list(names or [n for n in adapters if n in tasks])
+    out = pd.DataFrame(np.nan, index=pd.Index(names, name="alpha_from"), columns=pd.Index(names, name="task"))
+    dev, dt = model.cfg.device, model.cfg.dtype
+    for b in names:
+        cache = PromptCache(model, make_examples(model, zero_shot_prompts(tasks[b].split(split)[:max_items])))
+        t = adapters[b].t.to(device=dev, dtype=dt)
+        for a in names:
+            alpha = adapters[a].alpha.to(device=dev, dtype=dt)
+            correct = 0
+            for idx, logits in cache.logits(range(len(cache)), alpha, t):
+                target = torch.tensor([cache.examples[i].target for i in idx], device=logits.device)
+                correct += int((logits.argmax(-1) == target).sum())
+            out.loc[a, b] = correct / len(cache)
+    return out

@@ -1,0 +1,145 @@
+"""The analysis subcommands: ``sparsify`` (minimal head sets), ``analyse`` (patching, CIE, transfer over
+run folders) and ``figures`` (figures and tables from run, bench and sparsify folders, no model).
+
+As in ``commands``, each ``cmd_*`` takes the parsed arguments and returns an exit status; user
+errors are the package's one-line error types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .commands import check_writable, require_data_for_fv
+
+
+def cmd_sparsify(args: argparse.Namespace) -> int:
+    """Minimal head sets per (task, seed), resumable; then OUT/summary.{csv,md} (and OUT/shared/ with --shared)."""
+    import dataclasses
+
+    from ..config import ConfigError, site_config_from_args
+    from ..experiments import bench
+    from ..experiments.minimal_report import write_summaries
+    from ..experiments.sweep import is_done, minimal_sets, settings_differ, write_minimal
+    from ..models import load_model
+    from ..tasks import TaskError, load_task
+
+    cfg = site_config_from_args(args)
+    if cfg.selection is not None and cfg.selection.objective != "first_token":
+        raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
+    require_data_for_fv(args.tasks, args.data)
+    tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
+    seeds = args.seeds or [cfg.seed]
+    bad = [p for p in args.penalties if p not in ("l0", "l1")]
+    if bad or not args.penalties:
+        raise ConfigError(f"unknown penalty {', '.join(map(repr, bad)) or '(none given)'}; use l0, l1 or l0,l1")
+    weights = {p: w for p, w in (("l0", args.weights_l0), ("l1", args.weights_l1)) if p in args.penalties}
+    for p, ws in weights.items():
+        if ws != sorted(ws) or min(ws) < 0:
+            raise ConfigError(f"--weights-{p} must be numbers >= 0 in increasing order, got {','.join(map(str, ws))}")
+    out = Path(args.out)
+    check_writable(out)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
+    for name in tasks:
+        task = load_task(name, args.data)
+        for seed in seeds:
+            folder = out / name / f"seed{seed}"
+            settings = dict(
+                weights=weights,
+                path_steps=args.path_steps,
+                ks=args.ks,
+                draws=args.draws,
+                rankings=args.rankings_seeds is None or seed in args.rankings_seeds,
+                max_valid=args.score_valid,
+                max_test=cfg.eval.max_test if cfg.eval else 100,
+            )
+            if is_done(folder) and not args.redo:
+                recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(args.ks)}
+                recorded["config"] = dataclasses.replace(cfg, seed=seed).to_dict()
+                differ = settings_differ(folder, recorded)
+                if differ:
+                    raise TaskError(f"{folder} was made with other {', '.join(differ)}; use --redo or another --out")
+                print(f"{name} seed {seed}: done already ({folder})", flush=True)
+                continue
+            t0 = time.perf_counter()
+            result = minimal_sets(model, task, seed, cfg=site_config_from_args(args), **settings)
+            write_minimal(result, folder)
+            sizes = ", ".join(f"{s['penalty']} w={s['weight']:g}: {s['n_mask']}" for s in result.info["sparse"])
+            print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; heads in the masks: {sizes}", flush=True)
+    if args.shared:
+        from ..experiments.sweep import run_shared
+
+        run_shared(model, out, [load_task(n, args.data) for n in tasks], seeds[0], cfg)
+        print(f"wrote {out / 'shared'}")
+    print(write_summaries(out))
+    print(f"wrote {out}/summary.md and its CSV tables")
+    return 0
+
+
+def _find_runs(root: str):
+    from ..experiments.report import find_runs
+    from ..tasks import TaskError
+
+    runs = find_runs(root)
+    if not runs:
+        raise TaskError(f"no run folders (results.json + adapter/) under {root}")
+    return runs
+
+
+def cmd_analyse(args: argparse.Namespace) -> int:
+    """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""
+    from ..experiments.report import analyse_runs
+    from ..models import load_model
+
+    runs = _find_runs(args.runs)
+    for r in runs:
+        check_writable(r.path)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
+    max_items = args.max_test if args.max_test is not None else 10**9
+    analyse_runs(
+        model, runs, args.data, max_items=max_items, cie_prompts=args.cie_prompts, draws=args.draws, redo=args.redo
+    )
+    print(f"analysed {len(runs)} runs under {args.runs}; draw them with: site-lens figures --runs {args.runs}")
+    return 0
+
+
+def cmd_figures(args: argparse.Namespace) -> int:
+    """Figures (HTML + PNG) and tables from run folders and bench folders; no model is loaded."""
+    import pandas as pd
+
+    from ..experiments.report import summarise, transfer_path, write_benchmark_figures, write_figures
+    from ..tasks import TaskError
+
+    if not args.runs and not args.bench and not args.sparse:
+        raise TaskError(
+            "nothing to draw: give --runs DIR (run folders), --bench DIR[,DIR] (bench folders) or --sparse DIR"
+        )
+    dirs = [Path(d) for d in args.bench or []]
+    missing = [str(d) for d in dirs if not (d / "rows.csv").is_file()]
+    if missing:
+        raise TaskError(f"no rows.csv in bench folder(s) {', '.join(missing)}")
+    runs = _find_runs(args.runs) if args.runs else []
+    out = Path(args.out)
+    check_writable(out)
+    written: list[Path] = []
+    if args.runs:
+        path = transfer_path(runs)
+        transfer = pd.read_csv(path, index_col=0) if path.is_file() else None
+        written += write_figures(runs, out, transfer)
+        for name, df in summarise(runs).items():
+            print(f"\n[{name}]")
+            print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+            if args.tables:
+                Path(args.tables).mkdir(parents=True, exist_ok=True)
+                df.to_csv(Path(args.tables) / f"{name}.csv", index=False)
+    if dirs:
+        written += write_benchmark_figures(dirs, out)
+    if args.sparse:
+        from ..experiments.minimal_report import write_minimal_figures
+
+        written += write_minimal_figures(args.sparse, out)
+    print(f"\nwrote {len(written)} files under {out}/:")
+    for w in written:
+        print(f"  {w}")
+    return 0

@@ -1,0 +1,102 @@
+"""Many prompts against their cached prefixes: ``PromptCache``.
+
+Every prompt's prefix (all tokens but the last) runs once through a backend
+(``backend.backend_for``), grouped by length; each training step, MTV reward, FV/TV layer
+choice, patching or transfer run then costs one token per prompt. ``objectives.SequenceCache``
+extends it to answer spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from ..models.engines import Model
+from ..tokens import Example, fit_batches
+from .backend import Backend, ResidEdits, backend_for
+from .prefix import Prefix
+
+
+class PromptCache:
+    """Every prompt's prefix (all tokens but the last) run once, grouped by length, for repeated last-token runs.
+
+    ``logits(indices, alpha, t)`` and ``loss(indices, alpha, t)`` then cost one token per
+    prompt. ``alpha`` and ``t`` are one for all prompts or one per prompt (a leading dim of
+    ``len(cache)``, indexed by prompt).
+    """
+
+    def __init__(self, model: Model, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None):
+        if any(len(e.tokens) < 2 for e in examples):
+            raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
+        self.model = model
+        self.backend = backend or backend_for(model)
+        self.examples = list(examples)
+        self.where: dict[int, tuple[int, int]] = {}  # prompt index -> (prefix length, row in group)
+        self.prefixes: dict[int, Prefix] = {}  # prefix length -> the group's prefix
+        by_len: dict[int, list[int]] = {}
+        lengths = [len(ex.tokens) - 1 for ex in self.examples]
+        for i, n in enumerate(lengths):
+            by_len.setdefault(n, []).append(i)
+        device = model.cfg.device
+        for length, idx in by_len.items():
+            for row, i in enumerate(idx):
+                self.where[i] = (length, row)
+            parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
+            self.prefixes[length] = Prefix.cat(
+                [
+                    self.backend.prefix(torch.tensor([self.examples[i].tokens[:-1] for i in part], device=device))
+                    for part in parts
+                ]
+            )
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def groups(self, indices: Sequence[int]) -> dict[int, list[int]]:
+        """``indices`` grouped by prefix length (each group's rows share one cached prefix)."""
+        by_len: dict[int, list[int]] = {}
+        for i in indices:
+            by_len.setdefault(self.where[i][0], []).append(i)
+        return by_len
+
+    def _per(self, x: Tensor | None, dims: int, idx: list[int]) -> Tensor | None:
+        if x is None or x.dim() == dims:
+            return x
+        return x[torch.tensor(idx, device=x.device)]
+
+    def logits(
+        self,
+        indices: Sequence[int],
+        alpha: Tensor | None = None,
+        t: Tensor | None = None,
+        resid_edits: ResidEdits | None = None,
+    ) -> list[tuple[list[int], Float[Tensor, "rows d_vocab"]]]:
+        """(prompt indices, their last-token logits) per prefix length among ``indices``."""
+        device = self.model.cfg.device
+        out = []
+        for length, idx in self.groups(indices).items():
+            rows = torch.tensor([self.where[i][1] for i in idx], device=device)
+            last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
+            a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
+            out.append(
+                (idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits))
+            )
+        return out
+
+    def loss(
+        self,
+        indices: Sequence[int],
+        alpha: Tensor | None = None,
+        t: Tensor | None = None,
+        resid_edits: ResidEdits | None = None,
+    ) -> Tensor:
+        """Mean first-token cross-entropy of ``indices`` with the gate (and residual edits) at the last token."""
+        total = torch.zeros((), device=self.model.cfg.device)
+        for idx, logits in self.logits(indices, alpha, t, resid_edits):
+            target = torch.tensor([self.examples[i].target for i in idx], device=logits.device)
+            total = total + F.cross_entropy(logits.float(), target, reduction="sum")
+        return total / len(indices)

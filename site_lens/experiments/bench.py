@@ -1,0 +1,334 @@
+"""The benchmark: every (task, method, seed) row, resumable, sharded, summarised.
+
+Layout of an output folder::
+
+    OUT/bench.json                         what the rows depend on (model, caps)
+    OUT/rows/{task}/seed{s}/{method}.json  one row: scores, trainable params, timings, predictions
+    OUT/rows.csv                           every row, one line each
+    OUT/summary.csv, OUT/summary.md        mean over tasks per method, overall and per category
+
+Every file is written atomically (temp file + rename), so an interrupted run
+leaves finished rows whole and nothing half-written; a rerun skips rows whose
+file exists with the same model and caps, and finishes the rest. ``--shard
+I/N`` takes tasks I, I+N, I+2N ... of the sorted list (I from 0), so shards
+are disjoint (inside a Slurm job array it defaults to the array's own index,
+``slurm_shard``); ``merge`` summarises the rows of several output folders.
+
+Several processes may share one folder, on one host or several hosts over a
+network file system: each row is computed under a lock (``locks.Locks``,
+kept in ``OUT/.locks/``) by one process only, a row whose holder died is taken
+over, and bench.json and the summaries are rewritten under a folder lock from
+every row on disk, so concurrent writers cannot drop each other's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..adapter import write_json_atomic, write_text_atomic
+from ..config import ConfigError, EvalConfig, SiteConfig
+from ..locks import Locks, owner_tag, temp_is_orphan
+from ..methods import Method, TaskContext, configured, score_method
+from ..models import model_identity
+from ..models.engines import Model
+from ..tasks import TaskError, builtin_tasks, category, load_task
+from .bench_report import METRICS, OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
+
+log = logging.getLogger(__name__)
+
+ROWS_DIR = "rows"
+SPEC_FILE = "bench.json"
+LOCKS_DIR = ".locks"
+
+# ---------------------------------------------------------------- choosing what to run
+
+
+def available_tasks(data_dir: str | Path | None) -> list[str]:
+    """Task names under ``data_dir`` (folders or .json lists), or the built-in ones."""
+    if data_dir is None:
+        return builtin_tasks()
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise TaskError(f"{d}: data folder not found")
+    found = [p for p in d.iterdir() if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".json")]
+    return sorted(p.name if p.is_dir() else p.stem for p in found)
+
+
+def resolve(spec: str, valid: Sequence[str], what: str, every: Sequence[str] | None = None) -> list[str]:
+    """'all' (``every``, default ``valid``) or a comma list, checked against ``valid`` (an unknown name is a one-line error)."""
+    if spec.strip() == "all":
+        return list(valid if every is None else every)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        err = TaskError if what == "task" else ConfigError
+        raise err(
+            f"unknown {what}(s) {', '.join(repr(u) for u in unknown) or '(none given)'}; valid: {', '.join(valid)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def slurm_shard(env: dict[str, str] | None = None) -> str | None:
+    """'I/N' for this element of a Slurm job array (None outside one).
+
+    I counts from the array's first index in its step (``--array=10-20:5`` gives 0/3, 1/3, 2/3),
+    N is the array's size; an array given as an irregular list has no such I and is refused.
+    """
+    env = os.environ if env is None else env
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        return None
+    try:
+        tid, lo, n = (int(env[k]) for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT"))
+        step = int(env.get("SLURM_ARRAY_TASK_STEP", "1"))
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"Slurm array variables are incomplete or not integers ({e}); pass --shard I/N") from None
+    i, rem = divmod(tid - lo, max(step, 1))
+    if rem or not 0 <= i < n:
+        raise ConfigError(
+            f"Slurm array task {tid} is not index I of min {lo}, step {step}, count {n} "
+            f"(an irregular --array list?); pass --shard I/N"
+        )
+    return f"{i}/{n}"
+
+
+def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
+    """Tasks I, I+N, ... of the sorted list for ``spec`` 'I/N' (I from 0); all of them for None."""
+    tasks = sorted(tasks)
+    if not spec:
+        return tasks
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard must look like I/N (e.g. 0/4), got '{spec}'") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ConfigError(f"--shard I/N needs 0 <= I < N, got '{spec}'")
+    return tasks[i::n]
+
+
+# ---------------------------------------------------------------- rows on disk
+
+
+def row_path(out: Path, task: str, seed: int, method: str) -> Path:
+    return out / ROWS_DIR / task / f"seed{seed}" / f"{method}.json"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def remove_stale_temps(out: Path) -> int:
+    """Delete temp files a killed writer left behind (never a finished row, nor a live process's temp)."""
+    n = 0
+    for p in out.rglob(".*.tmp"):
+        if temp_is_orphan(p):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def lock_path(out: Path, task: str, seed: int, method: str) -> Path:
+    return out / LOCKS_DIR / task / f"seed{seed}" / method
+
+
+def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
+    """Write bench.json, keeping the methods and seeds other processes on this folder recorded."""
+    with locks.wait(out / LOCKS_DIR / "folder"):
+        if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
+            raise ConfigError(
+                f"{out} holds a rows.csv but no {ROWS_DIR}/ folder (a merged or copied summary): bench would "
+                "replace it with its own rows; use another --out"
+            )
+        old = _read_json(out / SPEC_FILE) or {}
+        if old.get("model") not in (None, spec["model"]):
+            raise ConfigError(f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out")
+        for k in ("methods", "seeds"):
+            spec[k] = list(dict.fromkeys([*old.get(k, []), *spec[k]]))
+        write_json_atomic(out / SPEC_FILE, spec)
+
+
+# Which settings each method's numbers depend on, beyond the model and the scoring caps
+# (batch sizes and the backend change no result and are left out).
+_EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "site_seq": ("n_prompts", "n_shots"), "site_opt": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
+                    "mtv": ("n_prompts", "n_shots"), "icl": ("n_shots",)}
+_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast", "objective")
+
+
+def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float32") -> dict[str, Any]:
+    """What a finished row of ``method`` must share with a rerun to be skipped.
+
+    Settings at their defaults are left out, so folders from before settings were recorded resume.
+    """
+    assert cfg.embedding is not None and cfg.selection is not None and cfg.eval is not None
+    spec: dict[str, Any] = {"model": model_name, "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
+    default = SiteConfig()
+    changed: dict[str, Any] = {}
+    if not cfg.eval.stop_at_newline:
+        changed["stop_at_newline"] = False
+    if dtype != "float32":
+        changed["dtype"] = dtype
+    for k in _EMBEDDING_USERS.get(method, ()):
+        if getattr(cfg.embedding, k) != getattr(default.embedding, k):
+            changed[f"embedding.{k}"] = getattr(cfg.embedding, k)
+    if method in ("site", "site_seq", "site_opt"):
+        for k in _SELECTION:
+            if getattr(cfg.selection, k) != getattr(default.selection, k):
+                changed[f"selection.{k}"] = getattr(cfg.selection, k)
+    if changed:
+        spec["settings"] = changed
+    return spec
+
+
+def is_done(path: Path, spec: dict[str, Any]) -> bool:
+    """A finished row for the same model and caps."""
+    row = _read_json(path)
+    return row is not None and row.get("spec") == spec
+
+
+def collect_rows(dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every row under ``dirs``' rows/ folders (a later folder's row wins on a repeat), sorted."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for d in dirs:
+        for p in sorted(Path(d).glob(f"{ROWS_DIR}/*/seed*/*.json")):
+            r = _read_json(p)
+            if r is None:
+                log.warning("skipping unreadable row %s", p)
+                continue
+            rows[(r["task"], r["method"], r["seed"])] = {k: r.get(k) if k in OPTIONAL else r[k] for k in ROW_FIELDS}
+    return [rows[k] for k in sorted(rows)]
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_row(
+    model: Model, method: Method, task, seed: int, ctx: TaskContext, eval_cfg: EvalConfig
+) -> dict[str, Any]:
+    """Fit one method on one task and score it on test."""
+    t0 = time.perf_counter()
+    method.fit(model, task, seed, ctx)
+    fit_s = time.perf_counter() - t0
+    res = score_method(model, method, task, seed, eval_cfg)
+    return {
+        "task": task.name,
+        "category": category(task),
+        "method": method.name,
+        "seed": seed,
+        **{k: res[k] for k in METRICS},
+        **{k: res.get(k) for k in OPTIONAL},
+        "n_trainable": method.n_trainable,
+        "fit_seconds": round(fit_s, 3),
+        "ms_per_query": round(res["ms_per_query"], 3),
+        "eval_seconds": round(res["seconds"], 3),
+        "n_test": res["n"],
+        "info": method.info,
+        "predictions": res["predictions"],
+    }
+
+
+def run_bench(
+    model: Model,
+    tasks: Sequence[str],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    out: Path,
+    data_dir: str | Path | None = None,
+    cfg: SiteConfig | None = None,
+    factories: dict[str, Callable[[], Method]] | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
+    locks: Locks | None = None,
+) -> list[dict[str, Any]]:
+    """Run every missing (task, method, seed) row no other process is running, then rewrite the folder's summary.
+
+    ``cfg`` (default: the paper's settings, the first 100 test items) sets SITE's stages, ICL's
+    shots, the few-shot prompts the methods share (``cfg.embedding``) and the scoring
+    (``cfg.eval``); its seed is ignored (``seeds`` gives them). ``factories`` (name -> a
+    fresh method) replace ``methods.configured``.
+    """
+    cfg = cfg or SiteConfig(eval=EvalConfig(max_test=100))
+    assert cfg.eval is not None
+    out = Path(out)
+    locks = locks or Locks()
+    ident = model_identity(model)
+    dtype = str(model.cfg.dtype).removeprefix("torch.")
+    spec = {"model": ident["name"], "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
+    if remove_stale_temps(out):
+        log.info("removed temp files left by an interrupted run")
+    _merge_spec(
+        out,
+        {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds), "config": cfg.to_dict()},
+        locks,
+    )
+    for name in tasks:
+        task = None
+        for seed in seeds:
+            ctx = None  # shared by the methods of this (task, seed), made when one runs here
+            for m in methods:
+                spec_m = row_spec(ident["name"], cfg, m, dtype)
+                path = row_path(out, name, seed, m)
+                if is_done(path, spec_m):
+                    continue
+                with locks.hold(lock_path(out, name, seed, m)) as mine:
+                    if not mine:
+                        log.info("%s seed %d %s: another process is on it, skipped", name, seed, m)
+                        continue
+                    if is_done(path, spec_m):  # finished while this process was looking
+                        continue
+                    task = task or load_task(name, data_dir=data_dir)
+                    ctx = ctx or TaskContext(task, seed, cfg.embedding)
+                    method = factories[m]() if factories is not None else configured(m, cfg)
+                    row = run_row(model, method, task, seed, ctx, cfg.eval)
+                    row["spec"] = spec_m
+                    row["computed_by"] = owner_tag()  # host.pid
+                    if not locks.still_held(lock_path(out, name, seed, m)):
+                        log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
+                        continue
+                    write_json_atomic(path, row)
+                if report is not None:
+                    report(row)
+    return write_summary(out, locks=locks)
+
+
+# ---------------------------------------------------------------- summary files
+
+
+def write_summary(
+    out: Path, sources: Sequence[Path] | None = None, locks: Locks | None = None
+) -> list[dict[str, Any]]:
+    """rows.csv, summary.csv and summary.md in ``out`` from the rows of ``sources`` (default ``out``).
+
+    Written under the folder lock from the rows on disk at that moment: the last writer has every row.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with (locks or Locks()).wait(out / LOCKS_DIR / "folder"):
+        return _write_summary(out, sources)
+
+
+def _write_summary(out: Path, sources: Sequence[Path] | None) -> list[dict[str, Any]]:
+    rows = collect_rows(sources or [out])
+    summary = summarise(rows)
+    spec = _read_json(out / SPEC_FILE) or next(
+        (_read_json(Path(s) / SPEC_FILE) for s in sources or [] if _read_json(Path(s) / SPEC_FILE)), None
+    )
+    title = f"site-lens bench: {spec['model']}, max_test {spec['max_test']}" if spec else "site-lens bench"
+    write_text_atomic(out / "rows.csv", csv_text([{k: fmt(r[k]) for k in ROW_FIELDS} for r in rows]))
+    write_text_atomic(out / "summary.csv", csv_text([{k: fmt(v) for k, v in s.items()} for s in summary]))
+    write_text_atomic(out / "summary.md", markdown(rows, summary, title))
+    return rows
+
+
+def merge(sources: Sequence[Path], out: Path) -> list[dict[str, Any]]:
+    """Summarise the rows of several (shard) output folders into ``out``."""
+    missing = [str(s) for s in sources if not (Path(s) / ROWS_DIR).is_dir()]
+    if missing:
+        raise TaskError(f"no bench rows under {', '.join(missing)}")
+    return write_summary(out, [Path(s) for s in sources])

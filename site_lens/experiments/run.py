@@ -1,0 +1,136 @@
+"""One task end to end, as ``site-lens run`` does it: the benchmark's rows for zero-shot, ICL and SITE.
+
+    fit = fit_site(model, task)                                  # stages 1 and 2 (methods.site)
+    result = evaluate(model, task, "site", fit.adapter)          # stage 3, scored
+    results, adapter = run_task(model, task)                     # all of it, as results.json
+    answers = predict(model, ["river", "candle"], fit.adapter)   # raw inputs, as site-lens predict
+
+Every method here is the benchmark's (``methods``): fitted and scored by
+``bench.run_row``, so ``run`` and ``bench`` give the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..adapter import Adapter
+from ..config import EvalConfig, SiteConfig
+from ..methods import ICL, Method, Site, TaskContext, ZeroShot, configured, score_method
+from ..models import model_identity
+from ..models.engines import Model
+from ..tasks import Task, category, format_query
+from .bench import run_row
+
+RUN_METHODS = ("zero_shot", "icl", "site")
+RESULT_KEYS = ("first_token_acc", "exact_match", "strict_match")
+
+
+def answer_line(generation: str) -> str:
+    """A generation's answer as ``predict`` and ``site-lens predict`` give it: its first line, stripped."""
+    return generation.strip().split("\n")[0].strip()
+
+
+def predict(
+    model: Model,
+    inputs: Sequence[str],
+    adapter: Adapter | None = None,
+    cfg: EvalConfig | None = None,
+    *,
+    formatted: bool = False,
+) -> list[str]:
+    """The model's answers to raw inputs, with SITE injected if an adapter is given; as ``site-lens predict``.
+
+    Each input x goes into the zero-shot prompt ``format_query(x)``, 'Q: {x}\\nA:', unless ``formatted``
+    is True: then the inputs are whole prompts already (from ``format_query`` or ``build_prompt``).
+    Generation is greedy, ``cfg.max_new_tokens`` tokens at most (``EvalConfig()``: 20), and each answer
+    is its generation's first line, stripped (``answer_line``). ``predict_with_logits`` gives the raw
+    generations and the first-step logits.
+
+        sl.predict(model, ["river", "candle"], adapter)   # -> e.g. ['RIVER', 'CANDLE']
+    """
+    if isinstance(inputs, str):
+        raise TypeError("predict takes a list of inputs, not one string: predict(model, [x], ...)")
+    prompts = list(inputs) if formatted else [format_query(x) for x in inputs]
+    gens, _ = predict_with_logits(model, prompts, adapter, cfg)
+    return [answer_line(g) for g in gens]
+
+
+def predict_with_logits(
+    model: Model,
+    prompts: Sequence[str],
+    adapter: Adapter | None = None,
+    cfg: EvalConfig | None = None,
+) -> tuple[list[str], torch.Tensor]:
+    """Raw greedy generations and the first-step logits [batch, d_vocab] for whole prompt strings.
+
+    The prompts are used as given (no formatting); SITE is injected if an adapter is given.
+    """
+    method: Method = Site.from_adapter(adapter) if adapter is not None else ZeroShot()
+    return method.predict(model, prompts, cfg)
+
+
+def evaluate(
+    model: Model,
+    task: Task,
+    method: str,
+    adapter: Adapter | None = None,
+    cfg: EvalConfig | None = None,
+    n_shots: int = 10,
+    seed: int = 0,
+    split: str = "test",
+) -> dict[str, Any]:
+    """Score zero_shot, icl or site (given its adapter) on a split: first-token accuracy, exact and strict match."""
+    from ..config import ConfigError
+
+    if method not in RUN_METHODS:
+        raise ConfigError(f"unknown method '{method}'; use one of {RUN_METHODS} (or methods.score_method for the others)")
+    if method == "site" and adapter is None:
+        raise ConfigError("method 'site' needs an adapter (from fit_site or load_adapter)")
+    m: Method = {"zero_shot": ZeroShot, "icl": lambda: ICL(n_shots)}[method]() if method != "site" else Site.from_adapter(adapter)
+    return score_method(model, m, task, seed, cfg, split)
+
+
+def run_task(
+    model: Model,
+    task: Task,
+    cfg: SiteConfig | None = None,
+    methods: Sequence[str] = RUN_METHODS,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[dict[str, Any], Adapter | None]:
+    """Fit and score zero-shot, N-shot ICL and SITE on the test split: (results.json's dict, SITE's adapter)."""
+    cfg = cfg or SiteConfig()
+    assert cfg.eval is not None and cfg.embedding is not None
+    ident = model_identity(model)
+    out: dict[str, Any] = {
+        "model": ident["name"],
+        "model_identity": ident,
+        "task": task.name,
+        "task_source": task.source,
+        "category": category(task),
+        "n_test": len(task.test[: cfg.eval.max_test]),
+        "config": cfg.to_dict(),
+        "seconds": {},
+    }
+    ctx = TaskContext(task, cfg.seed, cfg.embedding)
+    adapter = None
+    for name in methods:
+        method = configured(name, cfg, progress)
+        row = run_row(model, method, task, cfg.seed, ctx, cfg.eval)
+        out[name] = {
+            **{k: row[k] for k in RESULT_KEYS},
+            "n": row["n_test"],
+            "seconds": row["eval_seconds"],
+            "ms_per_query": row["ms_per_query"],
+            "predictions": row["predictions"],
+        }
+        if isinstance(method, Site):
+            assert method.result is not None
+            adapter = method.adapter
+            out["seconds"].update(method.result.seconds)
+            out["history"] = method.result.history.to_dict()
+            out["backend"] = method.result.backend
+        out["seconds"][f"eval_{name}"] = row["eval_seconds"]
+    return out, adapter

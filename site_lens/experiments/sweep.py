@@ -1,0 +1,272 @@
+"""The minimal-head-set study of one (task, seed), as ``site-lens sparsify`` runs it, and its folder.
+
+    result = minimal_sets(model, task, seed=0)          # dense SITE, CIE, sparse paths, every set scored
+    write_minimal(result, "runs/sparse/antonym/seed0")
+    # minimal_report.summarise_minimal("runs/sparse"): per task and method, the smallest k reaching 0.9
+
+Per (task, seed): dense SITE (the reference, recovery 1) and its t; FV's CIE
+of every head against that t; a warm-started sparse path per penalty; then
+every head set (zero-shot, dense SITE, each sparse gate soft and as binary
+masks, the top-k by dense alpha and by CIE, random k-sets) scored on valid
+and test the same way (``minimal.score_head_sets``). Rankings are scored on a
+k grid and at every k an L0 mask reached, so comparisons are at matched k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..adapter import Adapter, load_adapter, save_adapter, write_json_atomic, write_text_atomic
+from ..analysis.minimal import (
+    add_recovery,
+    random_sets,
+    ranking_sets,
+    reference_sets,
+    score_head_sets,
+    smallest_k,
+    sparse_sets,
+)
+from ..analysis.sparse import SparseFit, sparse_path
+from ..config import K_GRID, SPARSE_WEIGHTS, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from ..methods.site import fit_site
+from ..models.engines import Model
+from ..stages.cie import causal_indirect_effect
+from ..tasks import Task, category
+
+log = logging.getLogger(__name__)
+
+DONE_FILE = "minimal.json"  # written last: a folder without it is incomplete
+
+
+@dataclass
+class MinimalResult:
+    task: str
+    seed: int
+    dense: Adapter
+    cie: torch.Tensor | None
+    fits: list[SparseFit]
+    scores: pd.DataFrame  # one row per (split, head set)
+    smallest: pd.DataFrame  # one row per method
+    info: dict = field(default_factory=dict)
+
+
+def minimal_sets(
+    model: Model,
+    task: Task,
+    seed: int = 0,
+    *,
+    weights: Mapping[str, Sequence[float]] = SPARSE_WEIGHTS,
+    path_steps: int = 100,
+    ks: Sequence[int] = K_GRID,
+    draws: int = 2,
+    thresholds: Sequence[float] = (0.5,),
+    rankings: bool = True,
+    max_valid: int | None = 100,
+    max_test: int | None = 100,
+    target: float = 0.9,
+    cfg: SiteConfig | None = None,
+) -> MinimalResult:
+    """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc)."""
+    cfg = dataclasses.replace(cfg or SiteConfig(), seed=seed)  # a copy: the caller's config is left alone
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    dense = fit_site(model, task, cfg).adapter
+    seconds["dense"] = time.perf_counter() - t0
+    cie = None
+    if rankings:
+        t0 = time.perf_counter()
+        assert cfg.embedding is not None
+        cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
+        seconds["cie"] = time.perf_counter() - t0
+    fits: list[SparseFit] = []
+    for penalty, ws in weights.items():
+        t0 = time.perf_counter()
+        fits += sparse_path(model, task, list(ws), dense, penalty, path_steps, cfg)
+        seconds[f"path_{penalty}"] = time.perf_counter() - t0
+    alpha = dense.alpha
+    sets = reference_sets(alpha) + sparse_sets(fits, thresholds)
+    if rankings:
+        assert cie is not None
+        total = alpha.numel()
+        sparse_ks = {int(f.mask(th).sum()) for f in fits for th in thresholds if f.sparsity.penalty == "l0"}
+        matched = sorted(sparse_ks | set(ks) | {total})  # the grid and every k an L0 mask reached
+        matched = [k for k in matched if 0 < k <= total]
+        sets += ranking_sets(alpha, matched, "dense_alpha") + ranking_sets(cie, matched, "cie")
+        sets += random_sets(alpha.shape, matched, draws, seed)
+    t0 = time.perf_counter()
+    frames = [
+        score_head_sets(model, task, dense.t, sets, "valid", max_valid),
+        score_head_sets(model, task, dense.t, sets, "test", max_test),
+    ]
+    seconds["scoring"] = time.perf_counter() - t0
+    log.info("%s seed %d: %d head sets scored on valid and test; seconds %s", task.name, seed, len(sets), seconds)
+    scores = pd.concat(frames, ignore_index=True)
+    scores.insert(1, "seed", seed)
+    scores.insert(2, "category", category(task))
+    scores = add_recovery(scores)
+    valid, test = scores[scores.split == "valid"], scores[scores.split == "test"]
+    smallest = pd.concat(
+        [smallest_k(valid, test, target, m) for m in ("recovery_em", "recovery_prob")], ignore_index=True
+    )
+    smallest.insert(0, "task", task.name)
+    smallest.insert(1, "seed", seed)
+    info = {
+        "task": task.name,
+        "seed": seed,
+        "category": category(task),
+        "weights": {k: list(v) for k, v in weights.items()},
+        "path_steps": path_steps,
+        "ks": list(ks),
+        "draws": draws,
+        "rankings": rankings,
+        "thresholds": list(thresholds),
+        "max_valid": max_valid,
+        "max_test": max_test,
+        "target": target,
+        "config": cfg.to_dict(),
+        "seconds": seconds,
+        "sparse": [f.summary() for f in fits],
+    }
+    return MinimalResult(task.name, seed, dense, cie, fits, scores, smallest, info)
+
+
+def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
+    """The folder: adapter/ (dense SITE), cie and sparse thetas (safetensors), scores.csv, smallest_k.csv, minimal.json."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / DONE_FILE).unlink(missing_ok=True)  # unfinished until the end, also when redone
+    (folder / "cie.safetensors").unlink(missing_ok=True)
+    save_adapter(result.dense, folder / "adapter")
+
+    def save(tensors: dict, name: str) -> None:
+        tmp = folder / f".{name}.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, folder / name)
+
+    if result.cie is not None:
+        save({"cie": result.cie.float().contiguous()}, "cie.safetensors")
+    # one theta per sparse point, named PENALTY_INDEX in the order of minimal.json's "sparse" list
+    save(
+        {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)},
+        "sparse.safetensors",
+    )
+    write_text_atomic(folder / "scores.csv", result.scores.to_csv(index=False))
+    write_text_atomic(folder / "smallest_k.csv", result.smallest.to_csv(index=False))
+    write_json_atomic(folder / DONE_FILE, result.info)
+    return folder
+
+
+SETTINGS = (
+    "weights",
+    "path_steps",
+    "ks",
+    "draws",
+    "rankings",
+    "thresholds",
+    "max_valid",
+    "max_test",
+    "target",
+    "config",
+)
+
+
+def _with_defaults(recorded: dict) -> dict:
+    """A recorded SiteConfig dict with the fields it lacks at their defaults."""
+    parts = {"embedding": EmbeddingConfig, "selection": SelectionConfig, "eval": EvalConfig}
+    sub = {k: cls.from_dict(recorded[k]) for k, cls in parts.items() if isinstance(recorded.get(k), dict)}
+    return SiteConfig.from_dict({**recorded, **sub}).to_dict()
+
+
+def settings_differ(folder: str | Path, requested: dict) -> list[str]:
+    """The settings (``SETTINGS`` keys of ``requested``) a finished folder was made with differently."""
+    info = json.loads((Path(folder) / DONE_FILE).read_text())
+    if isinstance(info.get("config"), dict):  # a field added since takes its default, as it did then
+        info["config"] = _with_defaults(info["config"])
+    return [k for k in SETTINGS if k in requested and k in info and info[k] != requested[k]]
+
+
+def is_done(folder: str | Path) -> bool:
+    """Whether ``write_minimal`` finished this folder."""
+    return (Path(folder) / DONE_FILE).is_file()
+
+
+def minimal_folders(root: str | Path) -> list[Path]:
+    """Every finished (task, seed) folder under ``root``, sorted."""
+    return sorted(p.parent for p in Path(root).glob(f"**/{DONE_FILE}"))
+
+
+def read_minimal(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(scores, smallest_k) of every finished folder under ``root``, concatenated."""
+    folders = minimal_folders(root)
+    if not folders:
+        raise FileNotFoundError(f"{root}: no finished minimal-set folders (no {DONE_FILE} below it)")
+    scores = pd.concat([pd.read_csv(f / "scores.csv") for f in folders], ignore_index=True)
+    small = pd.concat([pd.read_csv(f / "smallest_k.csv") for f in folders], ignore_index=True)
+    return scores, small
+
+
+def load_minimal(folder: str | Path) -> tuple[Adapter, dict]:
+    """A finished folder's dense adapter and its minimal.json."""
+    folder = Path(folder)
+    return load_adapter(folder / "adapter"), json.loads((folder / DONE_FILE).read_text())
+
+
+def run_shared(
+    model: Model, root: str | Path, tasks: Sequence[Task], seed: int = 0, cfg: SiteConfig | None = None
+) -> pd.DataFrame:
+    """One alpha over ``tasks`` (each task's t from its finished ``root/TASK/seed{seed}`` folder), scored per task.
+
+    Writes ``root/shared/``: theta.safetensors, scores.csv (per task on test: zero-shot, the task's own
+    SITE, the shared gate soft and as a mask at 0.5) and shared.json; returns the scores.
+    """
+    from safetensors.torch import save_file
+
+    from ..analysis.minimal import HeadSet, mask_alpha
+    from ..analysis.multitask import fit_shared
+
+    cfg = cfg or SiteConfig(seed=seed)
+    root = Path(root)
+    dense = {}
+    for task in tasks:
+        folder = root / task.name / f"seed{seed}"
+        if not is_done(folder):
+            raise FileNotFoundError(f"{folder}: run the task's minimal-set study (seed {seed}) before the shared gate")
+        dense[task.name] = load_adapter(folder / "adapter")
+    fit = fit_shared(model, {n: a.t for n, a in dense.items()}, {t.name: t for t in tasks}, cfg.selection, seed)
+    frames = []
+    for task in tasks:
+        a = dense[task.name]
+        sets = reference_sets(a.alpha) + [
+            HeadSet("shared", fit.alpha, int((fit.alpha > 0).sum()), mode="soft"),
+            HeadSet("shared", mask_alpha(fit.alpha > 0.5), int((fit.alpha > 0.5).sum())),
+        ]
+        frames.append(score_head_sets(model, task, a.t, sets, "test", cfg.eval.max_test if cfg.eval else 100))
+    scores = pd.concat(frames, ignore_index=True)
+    scores.insert(1, "seed", seed)
+    scores = add_recovery(scores)
+    out = root / "shared"
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({"theta": fit.theta.contiguous()}, str(out / "theta.safetensors"))
+    write_text_atomic(out / "scores.csv", scores.to_csv(index=False))
+    info = {
+        "tasks": fit.tasks,
+        "seed": seed,
+        "selection": cfg.selection.to_dict() if cfg.selection else None,
+        "seconds": fit.seconds,
+        "history": fit.history.to_dict(),
+        "n_open": int((fit.alpha > 0.5).sum()),
+    }
+    write_json_atomic(out / "shared.json", info)
+    return scores
