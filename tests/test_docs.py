@@ -9,6 +9,7 @@ parser, every ``make`` target must exist, every script named must exist.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shlex
 from pathlib import Path
@@ -46,6 +47,27 @@ def test_commands_name_no_path_outside_the_repository(block):
     """A reader has the repository and nothing else: no ../, ~/ or absolute paths in commands or code."""
     code = "\n".join(re.split(r"(?:^|\s)#", line)[0] for line in block.splitlines())  # comments are prose
     assert not OUTSIDE.findall(code), OUTSIDE.findall(code)
+
+
+MACHINE = re.compile(r"\.\./shared/|/work/|/root/|/home/\w+/|/Users/\w+/")
+
+
+def _texts() -> list[Path]:
+    """Every markdown file and notebook a reader gets with the repository."""
+    found = [*DOCS, *ROOT.glob("results/**/*.md"), *ROOT.glob("site_lens/**/*.md"), *ROOT.glob("notebooks/*.ipynb")]
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("path", _texts(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_text_names_a_machine_path(path):
+    """No path of the machine the docs were written on, in prose, commands or a notebook's saved outputs."""
+    text = path.read_text()
+    if path.suffix == ".ipynb":  # sources and text outputs, not the images
+        cells = json.loads(text)["cells"]
+        text = "\n".join(
+            "".join(c["source"]) + "".join("".join(o.get("text", "")) for o in c.get("outputs", [])) for c in cells
+        )
+    assert not MACHINE.findall(text), MACHINE.findall(text)
 
 
 def _outputs() -> list[tuple[str, str, str]]:

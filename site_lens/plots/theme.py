@@ -11,6 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from ..locks import owner_tag
+
 log = logging.getLogger(__name__)
 
 THEME = "site_lens"
@@ -228,7 +230,7 @@ def _write_plotly_js(folder: Path) -> None:
     js = get_plotlyjs()
     _JS_CHECKED.add(path)
     if not (path.is_file() and path.read_text(encoding="utf-8") == js):
-        tmp = path.with_suffix(".js.tmp")
+        tmp = path.with_name(f".{PLOTLY_JS}.{owner_tag()}.tmp")  # one per writer: processes may share a folder
         tmp.write_text(js, encoding="utf-8")
         tmp.replace(path)
 
