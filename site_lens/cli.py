@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         default=None,
         help="a mirror of the release: a base URL, a file:// URL or a folder holding dataset/TASK/{train,valid,"
-        "test}.json (and LICENSE, function_vectors/LICENSE) (default: raw.githubusercontent.com at the pinned commit)",
+        "test}.json (and LICENSE; function_vectors/LICENSE optional) (default: raw.githubusercontent.com at the pinned commit)",
     )
     q.add_argument("--overwrite", action="store_true", help="replace task folders that are not the release's")
     q = data_sub.add_parser(

@@ -24,9 +24,10 @@ def parse_splits(text: str) -> dict[str, str]:
 
 def cmd_data_fv(args: argparse.Namespace) -> int:
     from ..commands import check_writable
-    from .fv import build_fv
+    from .fv import build_fv, check_request
 
     out = Path(args.out)
+    check_request(args.tasks, args.source)  # a bad --tasks or --source is reported before the folder is made
     check_writable(out)
     rows = build_fv(out, tasks=args.tasks, source=args.source, overwrite=args.overwrite)
     for r in rows:
