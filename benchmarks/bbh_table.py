@@ -63,7 +63,7 @@ def table(folder: Path, data: Path | None) -> str:
         for m in METHODS:
             ex = statistics.mean(float(rows[(t, m)]["exact_match"]) for t in done)
             means.append(f"{100 * ex:.1f}")
-        lines.append(f"| mean exact, {n_done} | | " + " | ".join(means) + " |")
+        lines.append(f"| mean prefix match, {n_done} | | " + " | ".join(means) + " |")
         lines.append("| paper (Llama-3.1-8B, BBH) | | - | " + " | ".join(f"{PAPER[m]:.1f}" for m in METHODS[1:]) + " |")
     return "\n".join(lines) + "\n"
 

@@ -5,8 +5,8 @@ rounds), one subprocess that times ``--reps`` training steps after a warm-up, an
 full ``site-lens run`` of the task; medians over the rounds are compared. Both sides use
 this machine's venv, with ``PYTHONPATH`` pointing at each checkout.
 
-    git worktree add --detach /tmp/old OLD_COMMIT
-    .venv/bin/python benchmarks/bench_compare.py --old /tmp/old --new . --data data/fv \\
+    git worktree add --detach runs/wt-old OLD_COMMIT
+    .venv/bin/python benchmarks/bench_compare.py --old runs/wt-old --new . --data data/fv \\
         --out benchmarks/results/compare.json
 """
 
@@ -107,7 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="checkout of the earlier commit (a git worktree)")
     ap.add_argument("--new", default=".", help="checkout of the later commit")
-    ap.add_argument("--data", default=None)
+    ap.add_argument("--data", default="data/fv", help="FV task folders (default: data/fv, from site-lens data fv)")
     ap.add_argument("--task", default="antonym")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--max-test", type=int, default=100)

@@ -54,7 +54,7 @@ def main() -> None:
     import random
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=None)
+    ap.add_argument("--data", default="data/fv", help="FV task folders (default: data/fv, from site-lens data fv)")
     ap.add_argument("--task", default="antonym")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/compile.json")

@@ -35,7 +35,7 @@ from site_lens.stages.objectives import SequenceCache, objective_examples, seque
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--data", default=None)
+    ap.add_argument("--data", default="data/fv", help="FV task folders (default: data/fv, from site-lens data fv)")
     ap.add_argument("--task", default="antonym")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20, help="training steps timed per round and engine")

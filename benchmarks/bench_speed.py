@@ -101,7 +101,7 @@ def step_flops_bytes(model) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=None)
+    ap.add_argument("--data", default="data/fv", help="FV task folders (default: data/fv, from site-lens data fv)")
     ap.add_argument("--task", default="antonym")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--queries", type=int, default=20)

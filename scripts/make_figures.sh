@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Redraw every committed figure under figures/ from the committed results (no model is loaded):
 #   scripts/make_figures.sh                 # PNG + HTML, and one plotly.min.js per folder
-#   OUT=/tmp/figures scripts/make_figures.sh  # somewhere else, e.g. to compare
-# Each folder is first emptied of its figures (*.png, *.html, plotly.min.js), so it holds exactly
-# what these commands draw. PNG export needs kaleido and a Chromium (`make chromium`); without
+#   OUT=runs/figures-check scripts/make_figures.sh  # somewhere else, e.g. to compare
+# Each folder's figures are drawn into a fresh folder first and replace the old ones (*.png, *.html,
+# plotly.min.js) only when drawing succeeded, so it holds exactly what these commands draw. PNG export needs kaleido and a Chromium (`make chromium`); without
 # one the script stops before deleting anything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,12 +17,16 @@ if ! "$PY" -c 'import plotly.graph_objects as go; go.Figure().to_image(format="p
   exit 1
 fi
 
-draw() {  # FOLDER, then the inputs of site-lens figures
-  local dir=$1
+draw() {  # FOLDER, then the inputs of site-lens figures: drawn into a fresh folder, swapped in when done
+  local dir=$1 new="$1.new.$$"
   shift
+  rm -rf "$new"
+  mkdir -p "$new"
+  "$PY" -m site_lens figures "$@" --out "$new" | grep '^wrote ' | sed "s#$new#$dir#g"
   mkdir -p "$dir"
   rm -f "$dir"/*.png "$dir"/*.html "$dir"/plotly.min.js
-  "$PY" -m site_lens figures "$@" --out "$dir" | grep '^wrote '
+  mv "$new"/* "$dir"/
+  rmdir "$new"
 }
 
 # the head-specificity study (seven FV tasks, SmolLM2) and the benchmark of both embedded models

@@ -323,6 +323,8 @@ def test_every_help_gives_its_default_in_one_format():
 
     for name, p in parsers(build_parser(), "site-lens"):
         assert p.description and p.epilog and "examples:" in p.epilog, name
+        for text in (p.description, p.epilog):  # examples a reader can run as written, inside the repository
+            assert not re.search(r"path/to|example\.(org|com)|\.\./|/tmp/|<[a-z ]+>", text), (name, text)
         for a in p._actions:
             h = a.help or ""
             assert not re.search(r"\(default(?!: )|default\)", h), (name, a.option_strings, h)

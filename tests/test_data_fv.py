@@ -8,10 +8,12 @@ present, that copy is served as the source and the output must equal it file by 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.server
 import json
 import os
+import re
 import socket
 import threading
 import urllib.error
@@ -35,9 +37,20 @@ MIT = "MIT License\n\nCopyright (c) 2023 someone\n"
 
 
 @pytest.fixture(autouse=True)
-def no_proxy(monkeypatch):
+def offline(monkeypatch):
+    """No proxy, and no test reaches the internet: the licences' own URLs (``fv.RAW``) point at a closed
+    loopback port unless a test serves them."""
     for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(fv, "RAW", f"http://127.0.0.1:{_closed_port()}")
+
+
+@pytest.fixture
+def sleeps(monkeypatch) -> list[float]:
+    """The waits between tries, recorded instead of slept."""
+    waited: list[float] = []
+    monkeypatch.setattr(fv.time, "sleep", waited.append)
+    return waited
 
 
 def items(task: str, split: str, n: int) -> list[dict]:
@@ -67,11 +80,13 @@ def make_release(root: Path, counts=COUNTS, licences: bool = True) -> dict[str, 
 @pytest.fixture
 def serve():
     """start(root) -> (base URL, state): an HTTP server on 127.0.0.1 serving ``root``; state.requests lists the
-    paths asked for, state.fail[path] the status codes to answer first, state.truncate the paths cut short."""
+    paths asked for, state.fail[path] the answers to give first (a status code, or (code, Retry-After)),
+    state.truncate the paths cut short, state.stall[path] the seconds to wait before answering nothing,
+    state.drop[path] how many times to close the connection without an answer."""
     servers = []
 
     def start(root: Path):
-        state = SimpleNamespace(requests=[], fail={}, truncate=set())
+        state = SimpleNamespace(requests=[], fail={}, truncate=set(), stall={}, drop={})
 
         class Handler(http.server.SimpleHTTPRequestHandler):
             def __init__(self, *a, **k):
@@ -84,7 +99,17 @@ def serve():
                 path = urllib.parse.unquote(self.path)
                 state.requests.append(path)
                 if state.fail.get(path):
-                    self.send_error(state.fail[path].pop(0))
+                    answer = state.fail[path].pop(0)
+                    code, after = answer if isinstance(answer, tuple) else (answer, None)
+                    self.send_response(code)
+                    if after is not None:
+                        self.send_header("Retry-After", after)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                elif state.stall.get(path):
+                    threading.Event().wait(state.stall[path])  # not time.sleep, which tests replace
+                elif state.drop.get(path):
+                    state.drop[path] -= 1  # closes the connection without an answer
                 elif path in state.truncate:
                     self.send_response(200)
                     self.send_header("Content-Length", "1000")
@@ -172,42 +197,148 @@ def test_http_mirror_and_resume(tmp_path, serve, caplog):
     check_output(out, release)
 
 
-def test_a_server_error_is_retried(tmp_path, serve, monkeypatch):
-    monkeypatch.setattr(fv.time, "sleep", lambda s: None)
+def test_a_server_error_is_retried(tmp_path, serve, sleeps):
     release = tmp_path / "release"
     expected = make_release(release, {"antonym": COUNTS["antonym"]})
     url, state = serve(release)
     state.fail["/dataset/antonym/valid.json"] = [503]
     fv.build_fv(tmp_path / "out", source=url, expected=expected)
-    assert state.requests.count("/dataset/antonym/valid.json") == 2
+    assert state.requests.count("/dataset/antonym/valid.json") == 2 and sleeps == [1]
     state.fail["/dataset/antonym/valid.json"] = [500] * fv.ATTEMPTS
-    with pytest.raises(SourceError, match=r"task antonym, valid.json: HTTP 500"):
+    with pytest.raises(SourceError, match=r"task antonym, valid.json: HTTP 500") as e:
         fv.build_fv(tmp_path / "out2", source=url, expected=expected)
+    assert "\n" not in str(e.value) and sleeps == [1, 1, 2]
+    assert list((tmp_path / "out2").iterdir()) == []  # no partial task folder, no temp
 
 
-def test_missing_licences_are_named_not_fatal(tmp_path):
+def test_retry_after_is_honoured_and_capped(tmp_path, serve, sleeps):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    url, state = serve(release)
+    state.fail["/dataset/antonym/train.json"] = [(429, "0"), (503, "3600")]
+    rows = fv.build_fv(tmp_path / "out", source=url, expected=expected)
+    assert rows[0]["status"] == "downloaded" and sleeps == [0, fv.RETRY_AFTER_MAX_S]
+    assert state.requests.count("/dataset/antonym/train.json") == 3
+    check_output(tmp_path / "out", release, {"antonym": COUNTS["antonym"]})
+
+
+def test_a_client_error_is_not_retried(tmp_path, serve, sleeps, monkeypatch, capsys):
+    release = tmp_path / "release"
+    monkeypatch.setattr(fv, "RELEASE", make_release(release))
+    url, state = serve(release)
+    state.fail["/dataset/antonym/train.json"] = [403]
+    out = tmp_path / "out"
+    assert main(["data", "fv", "--out", str(out), "--tasks", "antonym", "--source", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"site-lens: error: task antonym, train.json: HTTP 403 Forbidden from {url}/dataset/antonym/train.json"
+    )
+    assert state.requests == ["/dataset/antonym/train.json"] and sleeps == []
+    assert list(out.iterdir()) == []
+
+
+def test_a_stalled_server_fails_after_the_tries(tmp_path, serve, sleeps):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    url, state = serve(release)
+    state.stall["/dataset/antonym/train.json"] = 2.0
+    out = tmp_path / "out"
+    with pytest.raises(SourceError) as e:
+        fv.build_fv(out, source=url, expected=expected, timeout=0.2)
+    assert str(e.value) == (
+        f"task antonym, train.json: reading {url}/dataset/antonym/train.json failed (no answer in 0.2 s, "
+        f"{fv.ATTEMPTS} tries); run the command again to resume"
+    )
+    assert state.requests == ["/dataset/antonym/train.json"] * fv.ATTEMPTS and sleeps == [1, 2]
+    assert list(out.iterdir()) == []
+
+
+def test_a_dropped_connection_is_retried(tmp_path, serve, sleeps):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    url, state = serve(release)
+    state.drop["/dataset/antonym/test.json"] = 1
+    fv.build_fv(tmp_path / "out", source=url, expected=expected)
+    assert state.requests.count("/dataset/antonym/test.json") == 2 and sleeps == [1]
+    check_output(tmp_path / "out", release, {"antonym": COUNTS["antonym"]})
+
+
+@pytest.mark.parametrize(
+    ("reason", "tries"),
+    [
+        (TimeoutError("timed out"), fv.ATTEMPTS),  # a connect timeout
+        (ConnectionResetError(104, "Connection reset by peer"), fv.ATTEMPTS),
+        (ConnectionRefusedError(111, "Connection refused"), 1),  # nothing listens there: at once
+        (socket.gaierror(-2, "Name or service not known"), 1),  # offline: at once
+    ],
+)
+def test_which_connection_failures_are_retried(reason, tries, tmp_path, monkeypatch, sleeps):
+    asked = []
+
+    def failing(request, timeout):
+        asked.append(request.full_url)
+        raise urllib.error.URLError(reason)
+
+    monkeypatch.setattr(fv.urllib.request, "urlopen", failing)
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    with pytest.raises(SourceError, match=r"^cannot reach example\.org \(.+\); connect to the internet"):
+        fv.build_fv(tmp_path / "out", source="https://example.org/mirror", expected=expected)
+    assert len(asked) == tries and len(sleeps) == tries - 1
+
+
+def test_an_oversized_answer_is_refused(tmp_path, serve, monkeypatch):
+    monkeypatch.setattr(fv, "MAX_BYTES", 40)
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    url, _ = serve(release)
+    with pytest.raises(SourceError, match=r"task antonym, train.json: .*/train.json is over .*, not the release's"):
+        fv.build_fv(tmp_path / "out", source=url, expected=expected)
+
+
+def test_missing_licences_are_named_not_fatal(tmp_path, caplog):
     release = tmp_path / "release"
     expected = make_release(release, licences=False)
-    fv.build_fv(tmp_path / "out", source=release, expected=expected)
+    with caplog.at_level("WARNING", logger="site_lens.sources.fv"):
+        fv.build_fv(tmp_path / "out", source=release, expected=expected)
     readme = (tmp_path / "out" / "README.md").read_text()
     assert not (tmp_path / "out" / "LICENSE-soft-injection.txt").exists()
     assert (
         "github.com/SNU-DRL/Soft_Injection/blob/" in readme and "github.com/ericwtodd/function_vectors/blob/" in readme
     )
+    for name in ("LICENSE-soft-injection.txt", "LICENSE-function-vectors.txt"):  # the mirror, then the licence's URL
+        assert f"{name} not written (cannot reach 127.0.0.1:" in caplog.text
+
+
+def test_a_clone_of_the_release_gets_the_function_vectors_licence_from_its_repository(tmp_path, serve, monkeypatch):
+    release = tmp_path / "release"
+    expected = make_release(release)
+    (release / "function_vectors" / "LICENSE").unlink()  # a clone of the release has LICENSE only
+    (release / "function_vectors").rmdir()
+    licences = tmp_path / "raw" / fv.FV_REPO / fv.FV_COMMIT
+    licences.mkdir(parents=True)
+    (licences / "LICENSE").write_text(MIT)
+    url, state = serve(tmp_path / "raw")
+    monkeypatch.setattr(fv, "RAW", url)
+    fv.build_fv(tmp_path / "out", source=release, expected=expected)
+    check_output(tmp_path / "out", release)
+    assert state.requests == [f"/{fv.FV_REPO}/{fv.FV_COMMIT}/LICENSE"]
 
 
 # ---------------------------------------------------------------- atomic, checked
 
 
-def test_a_source_failing_mid_task_leaves_no_partial_folder(tmp_path, serve):
+def test_a_source_failing_mid_task_leaves_no_partial_folder(tmp_path, serve, sleeps):
     release = tmp_path / "release"
     expected = make_release(release)
     url, state = serve(release)
     state.truncate.add("/dataset/choose_first_of_3/test.json")  # its train and valid arrive first
     out = tmp_path / "out"
-    with pytest.raises(SourceError, match="task choose_first_of_3, test.json: reading .* failed") as e:
+    with pytest.raises(
+        SourceError, match=r"task choose_first_of_3, test.json: reading .* failed \(IncompleteRead"
+    ) as e:
         fv.build_fv(out, source=url, expected=expected)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and state.requests.count("/dataset/choose_first_of_3/test.json") == fv.ATTEMPTS
     assert sorted(p.name for p in out.iterdir()) == ["antonym"]  # the task before it is complete; nothing else
     assert "/dataset/choose_first_of_3/train.json" in state.requests
 
@@ -353,18 +484,121 @@ def test_release_files_without_meta_get_one(tmp_path, serve):
     check_output(out, release, {"antonym": COUNTS["antonym"]})
 
 
+HOST = owner_tag().rsplit(".", 1)[0]
+DEAD = f"{HOST}.99999999"  # the owner tag of a process of this host that is gone (no such pid)
+LIVE = f"{HOST}.{os.getppid()}"  # another live process's: the one that started the tests
+
+
 def test_a_killed_runs_temp_folder_is_removed(tmp_path):
     release = tmp_path / "release"
     expected = make_release(release, {"antonym": COUNTS["antonym"]})
     out = tmp_path / "out"
-    host = owner_tag().rsplit(".", 1)[0]
-    dead = [out / f".antonym.{host}.99999999.fv.tmp", out / f".antonym.{host}.99999999.old-fv.tmp"]  # no such pid
-    live = out / f".word_length.{owner_tag()}.other.tmp"  # not this command's
-    for d in dead:
-        d.mkdir(parents=True)
-    live.mkdir()
+    dead = [out / f".antonym.{DEAD}.fv.tmp", out / f".antonym.{DEAD}.old-fv.tmp", out / f".README.md.{DEAD}.fv.tmp"]
+    live = [out / f".word_length.{LIVE}.fv.tmp", out / f".README.md.{LIVE}.fv.tmp"]  # still being written
+    for d in dead[:2] + live[:1]:
+        d.mkdir(parents=True, exist_ok=True)
+    for f in dead[2:] + live[1:]:
+        f.write_text("partial")
     fv.build_fv(out, source=release, expected=expected)
-    assert not any(d.exists() for d in dead) and live.exists()
+    assert not any(d.exists() for d in dead) and all(p.exists() for p in live)
+
+
+def test_temp_files_inside_task_folders_are_swept(tmp_path):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    out = tmp_path / "out"
+    fv.build_fv(out, source=release, expected=expected)
+    dead, live = out / "antonym" / f".meta.json.{DEAD}.fv.tmp", out / "antonym" / f".meta.json.{LIVE}.fv.tmp"
+    for f in (dead, live):
+        f.write_text("{")
+    assert fv.build_fv(out, source=release, expected=expected)[0]["status"] == "present"
+    assert not dead.exists() and live.exists()
+
+
+def test_a_users_meta_json_is_kept_without_overwrite(tmp_path):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    out = tmp_path / "out"
+    (out / "antonym").mkdir(parents=True)
+    for split in SPLITS:
+        (out / "antonym" / f"{split}.json").write_bytes(
+            (release / "dataset" / "antonym" / f"{split}.json").read_bytes()
+        )
+    mine = '{"category": "abstractive", "note": "mine"}'
+    (out / "antonym" / "meta.json").write_text(mine)
+    assert fv.build_fv(out, source=release, expected=expected)[0]["status"] == "present"
+    assert (out / "antonym" / "meta.json").read_text() == mine
+    rows = fv.build_fv(out, source=release, expected=expected, overwrite=True)
+    assert rows[0]["status"] == "meta.json written"
+    check_output(out, release, {"antonym": COUNTS["antonym"]})
+
+
+def test_overwrite_replaces_a_file_where_the_task_folder_goes(tmp_path):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "antonym").write_text("not a folder")
+    with pytest.raises(SourceError, match="not a folder"):
+        fv.build_fv(out, source=release, expected=expected)
+    assert fv.build_fv(out, source=release, expected=expected, overwrite=True)[0]["status"] == "downloaded"
+    check_output(out, release, {"antonym": COUNTS["antonym"]})  # no .old-fv.tmp left
+
+
+def test_a_folder_mirror_is_recorded_as_given(tmp_path, monkeypatch):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    monkeypatch.chdir(tmp_path)
+    fv.build_fv(Path("out"), source="release/", expected=expected)
+    text = (tmp_path / "out" / "antonym" / "meta.json").read_text()
+    meta = json.loads(text)
+    assert meta["fetched_from"] == "release" and meta["files"]["test"] == "release/dataset/antonym/test.json"
+    assert str(tmp_path) not in text and str(tmp_path) not in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("failure", ["no space for a task", "no space for a licence", "read-only folder"])
+def test_a_write_error_is_one_line(failure, tmp_path, monkeypatch):
+    release = tmp_path / "release"
+    expected = make_release(release, {"antonym": COUNTS["antonym"]})
+    out = tmp_path / "out"
+    out.mkdir()
+    at = re.escape(str(out))
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if failure == "no space for a task":
+        monkeypatch.setattr(Path, "write_bytes", no_space)
+        match = rf"^cannot write {at}/\.antonym\..*\.fv\.tmp/train\.json \(No space left on device\)$"
+    elif failure == "no space for a licence":
+        monkeypatch.setattr(fv.os, "replace", no_space)
+        match = rf"^cannot write {at}/LICENSE-soft-injection\.txt \(No space left on device\)$"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder (the no-space cases cover this path)")
+        out.chmod(0o500)
+        match = rf"^cannot write {at}/\.antonym\..*\.fv\.tmp \(Permission denied\)$"
+    try:
+        with pytest.raises(SourceError, match=match) as e:
+            fv.build_fv(out, source=release, expected=expected)
+    finally:
+        out.chmod(0o700)
+    assert "\n" not in str(e.value)
+    if failure == "no space for a licence":  # the task went in whole before the licence failed
+        assert [p.name for p in out.iterdir()] == ["antonym"]
+    else:
+        assert list(out.iterdir()) == []
+
+
+def test_a_bad_request_makes_no_folder(tmp_path, capsys):
+    release = tmp_path / "release"
+    make_release(release)
+    out = tmp_path / "out"
+    assert main(["data", "fv", "--out", str(out), "--tasks", "nope", "--source", str(release)]) == 2
+    assert "unknown FV task(s) nope" in capsys.readouterr().err
+    assert main(["data", "fv", "--out", str(out), "--source", str(tmp_path / "missing")]) == 2
+    assert "no dataset/ folder" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_bad_requests(tmp_path):

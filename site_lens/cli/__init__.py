@@ -93,7 +93,7 @@ EXAMPLES = {
     "run": """examples:
   site-lens run --task opposites
   site-lens run --task opposites --steps 100 --out runs/opposites
-  site-lens run --data path/to/fv --task country-capital --max-test all --device cuda""",
+  site-lens run --data data/fv --task country-capital --max-test all --device cuda""",
     "demo": f"""examples:
   site-lens demo                                  # tasks {DEMO_TASKS}
   site-lens demo --tasks opposites,capital-cities --out runs/demo2""",
@@ -103,20 +103,20 @@ EXAMPLES = {
   site-lens predict --adapter runs/opposites/adapter --input words.txt --engine hf --device-map auto""",
     "tasks": """examples:
   site-lens tasks
-  site-lens tasks --data path/to/fv --json""",
+  site-lens tasks --data data/fv --json""",
     "bench": """examples:
   site-lens bench --methods list                                        # the methods, one line each
   site-lens bench --tasks uppercase --methods zero_shot,site --limit 20   # writes runs/bench/smollm2-135m
-  site-lens bench --data path/to/fv --tasks antonym,capitalize --methods zero_shot,icl,site --seeds 0,1,2
-  site-lens bench --data path/to/fv --shard 0/4 --out runs/bench/shard0    # then: site-lens bench-merge ...""",
+  site-lens bench --data data/fv --tasks antonym,capitalize --methods zero_shot,icl,site --seeds 0,1,2
+  site-lens bench --data data/fv --shard 0/4 --out runs/bench/shard0    # then: site-lens bench-merge ...""",
     "bench-merge": """examples:
   site-lens bench-merge runs/bench/shard0 runs/bench/shard1 --out runs/bench/smollm2-135m""",
     "analyse": """examples:
-  site-lens analyse --runs runs/fv --data path/to/fv
+  site-lens analyse --runs runs/fv --data data/fv
   site-lens figures --runs runs/fv   # then draw, into runs/figures""",
     "sparsify": """examples:
-  site-lens sparsify --data path/to/fv --tasks antonym,capitalize --seeds 0,1,2 --out runs/sparse
-  site-lens sparsify --data path/to/fv --tasks antonym --penalties l0 --weights-l0 0.003,0.01 --shared
+  site-lens sparsify --data data/fv --tasks antonym,capitalize --seeds 0,1,2 --out runs/sparse
+  site-lens sparsify --data data/fv --tasks antonym --penalties l0 --weights-l0 0.003,0.01 --shared
   site-lens figures --sparse runs/sparse   # then draw, into runs/figures""",
     "data": """examples:
   site-lens data fv --out data/fv                    # the 45 FV tasks with the SITE paper's splits (13 MB)
@@ -138,7 +138,7 @@ DATA_EXAMPLES = {  # the data sources' own --help
     "fv": """examples:
   site-lens data fv --out data/fv
   site-lens data fv --out data/fv --tasks antonym,country-capital
-  site-lens data fv --out data/fv --source https://mirror.example.org/Soft_Injection   # or a folder
+  site-lens data fv --out data/fv --source runs/Soft_Injection   # a mirror: a git clone of the release, or a URL
   site-lens run --data data/fv --task antonym""",
     "bbh": """examples:
   site-lens data bbh --out data/bbh
@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         default=None,
         help="a mirror of the release: a base URL, a file:// URL or a folder holding dataset/TASK/{train,valid,"
-        "test}.json (and LICENSE, function_vectors/LICENSE) (default: raw.githubusercontent.com at the pinned commit)",
+        "test}.json (and LICENSE; function_vectors/LICENSE optional) (default: raw.githubusercontent.com at the pinned commit)",
     )
     q.add_argument("--overwrite", action="store_true", help="replace task folders that are not the release's")
     q = data_sub.add_parser(

@@ -23,10 +23,11 @@ def parse_splits(text: str) -> dict[str, str]:
 
 
 def cmd_data_fv(args: argparse.Namespace) -> int:
-    from ..sources.fv import build_fv
+    from ..sources.fv import build_fv, check_request
     from .commands import check_writable
 
     out = Path(args.out)
+    check_request(args.tasks, args.source)  # a bad --tasks or --source is reported before the folder is made
     check_writable(out)
     rows = build_fv(out, tasks=args.tasks, source=args.source, overwrite=args.overwrite)
     for r in rows:

@@ -224,7 +224,7 @@ def write_summaries(root: str | Path) -> str:
         average = average_minimal(table)
         write_text_atomic(root / f"summary{suffix}.csv", table.to_csv(index=False))
         write_text_atomic(root / f"summary_average{suffix}.csv", average.to_csv(index=False))
-        what = "exact match" if metric == "recovery_em" else "answer probability"
+        what = "prefix match" if metric == "recovery_em" else "answer probability"
         md += f"## Recovery of {what}: over tasks\n\n" + markdown_table(average)
         md += f"\n## Recovery of {what}: per task\n\n" + markdown_table(table) + "\n"
     if (root / "shared" / "scores.csv").is_file():

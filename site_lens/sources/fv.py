@@ -16,16 +16,18 @@ github.com/ericwtodd/function_vectors 70 / 9 / 21 %.
 A mirror (``source``: a base URL, a file:// URL or a folder) has the release's layout::
 
     SOURCE/dataset/<task>/{train,valid,test}.json   the splits
-    SOURCE/LICENSE                                  the release's licence (optional)
-    SOURCE/function_vectors/LICENSE                 the function_vectors licence (optional)
+    SOURCE/LICENSE                                  the release's licence
+    SOURCE/function_vectors/LICENSE                 optional, a site-lens convention: the function_vectors licence
 
-Each task is downloaded into memory, checked, written to a temporary folder beside its place
-and renamed into it, so a stopped run leaves only complete task folders; a rerun skips the
-task folders that are already complete.
+A licence a mirror lacks is read from its own repository at its pinned commit (``Licence.raw``);
+offline, README.md names it and its URL. Each task is downloaded into memory, checked, written
+to a temporary folder beside its place and renamed into it, so a stopped run leaves only
+complete task folders; a rerun skips the task folders that are already complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -55,7 +57,10 @@ FV_COMMIT = "fb9eac7b6dc707ea1475a717379916007fe448d5"
 RAW = "https://raw.githubusercontent.com"
 DEFAULT_SOURCE = f"{RAW}/{RELEASE_REPO}/{RELEASE_COMMIT}"
 TIMEOUT_S = 60.0  # per request
-ATTEMPTS = 3  # tries per file when the server answers 5xx or 429
+ATTEMPTS = 3  # tries per file on a 5xx or 429 answer, a timeout or a dropped connection
+RETRY_AFTER_MAX_S = 60  # the longest Retry-After (seconds) waited for
+MAX_BYTES = 64 << 20  # a file longer than this is not the release's (its largest is ~2 MB)
+TRANSIENT = (TimeoutError, ConnectionResetError, http.client.RemoteDisconnected, http.client.IncompleteRead)
 SUITE = "fv"  # meta.json's "suite" in the task folders this module writes
 TMP = "fv.tmp"  # temp names: .<name>.<host>.<pid>.fv.tmp (``locks.temp_is_orphan`` reads them)
 
@@ -182,12 +187,16 @@ class Source:
             raise SourceError(
                 f"source {text}: no dataset/ folder there (a mirror holds dataset/TASK/train.json, valid.json, test.json)"
             )
-        self.where = self.url or str(self.folder)
+        self.where = self.url or text.rstrip("/") or text  # as given: meta.json records no resolved local path
         self.default = self.url == DEFAULT_SOURCE
 
     def location(self, rel: str) -> str:
         """The URL or path of ``rel`` (a '/'-separated path in the release's layout)."""
         return f"{self.url}/{urllib.parse.quote(rel)}" if self.url else str(self.folder / rel)
+
+    def shown(self, rel: str) -> str:
+        """``rel`` under the source as the user gave it (what meta.json records)."""
+        return self.location(rel) if self.url else f"{self.where}/{rel}"
 
     def read(self, location: str, what: str) -> bytes:
         """The bytes at ``location``; NotFound when it is missing, SourceError (one line) on any other failure."""
@@ -199,26 +208,57 @@ class Source:
                 raise NotFound(f"{what}: not found at {path}") from None
             except OSError as e:
                 raise SourceError(f"{what}: cannot read {path} ({e.strerror or e})") from None
-        host = urllib.parse.urlsplit(location).netloc
-        request = urllib.request.Request(location, headers={"User-Agent": f"site-lens/{__version__}"})
-        for attempt in range(ATTEMPTS):
+        return self.get(location, what)
+
+    def get(self, url: str, what: str, attempts: int = ATTEMPTS) -> bytes:
+        """The bytes at ``url``, tried ``attempts`` times on HTTP 5xx or 429 (after its Retry-After, capped), a
+        timeout or a dropped connection; an unknown or refusing host fails at once. NotFound on 404, else a
+        one-line SourceError."""
+        request = urllib.request.Request(url, headers={"User-Agent": f"site-lens/{__version__}"})
+        for attempt in range(1, attempts + 1):
+            wait = 2.0 ** (attempt - 1)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return response.read()
+                    data = response.read(MAX_BYTES + 1)
+                    if len(data) > MAX_BYTES:
+                        raise SourceError(f"{what}: {url} is over {MAX_BYTES:,} bytes, not the release's file")
+                    if getattr(response, "length", None):  # fewer bytes than its Content-Length
+                        raise http.client.IncompleteRead(data, response.length)
+                    return data
             except urllib.error.HTTPError as e:
                 if e.code == 404:
-                    raise NotFound(f"{what}: not found at {location} (HTTP 404)") from None
-                if (e.code >= 500 or e.code == 429) and attempt + 1 < ATTEMPTS:
-                    time.sleep(2**attempt)
-                    continue
-                raise SourceError(f"{what}: HTTP {e.code} {e.reason} from {location}") from None
-            except urllib.error.URLError as e:
-                raise SourceError(unreachable(host, e.reason)) from None
-            except (OSError, http.client.HTTPException) as e:  # a timeout or a dropped connection while reading
-                raise SourceError(
-                    f"{what}: reading {location} failed ({e.__class__.__name__}: {e}); run the command again to resume"
-                ) from None
+                    raise NotFound(f"{what}: not found at {url} (HTTP 404)") from None
+                if not (e.code >= 500 or e.code == 429) or attempt == attempts:
+                    raise SourceError(f"{what}: HTTP {e.code} {e.reason} from {url}") from None
+                after = (e.headers or {}).get("Retry-After", "").strip()
+                wait = min(int(after), RETRY_AFTER_MAX_S) if after.isdigit() else wait
+            except urllib.error.URLError as e:  # no connection: retried only when it timed out or was reset
+                if not isinstance(e.reason, TRANSIENT) or attempt == attempts:
+                    raise SourceError(unreachable(urllib.parse.urlsplit(url).netloc, e.reason)) from None
+            except (OSError, http.client.HTTPException) as e:  # connected, then no answer in time, or cut off
+                if not isinstance(e, TRANSIENT) or attempt == attempts:
+                    why = f"no answer in {self.timeout:g} s" if isinstance(e, TimeoutError) else f"{e!r}"
+                    tries = f", {attempts} tries" if isinstance(e, TRANSIENT) else ""
+                    msg = f"{what}: reading {url} failed ({why}{tries}); run the command again to resume"
+                    raise SourceError(msg) from None
+            time.sleep(wait)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _cannot_write(path: Path, e: OSError) -> SourceError:
+    return SourceError(f"cannot write {path} ({e.strerror or e})")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically: a temp file beside it, renamed onto it."""
+    tmp = path.with_name(f".{path.name}.{owner_tag()}.{TMP}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise _cannot_write(path, e) from None
 
 
 Expected = Mapping[str, Sequence[Any]]  # task -> (train, valid, test item counts[, their sha256 prefixes])
@@ -268,12 +308,13 @@ def _problem(folder: Path, task: str, expect: Mapping[str, tuple[int | None, str
     return None
 
 
-def _ours(folder: Path) -> bool:
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    """``folder/meta.json``; None when it is missing or unreadable."""
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("suite") == SUITE
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def task_meta(task: str, files: Mapping[str, bytes], source: Source) -> dict[str, Any]:
@@ -284,7 +325,7 @@ def task_meta(task: str, files: Mapping[str, bytes], source: Source) -> dict[str
         "category": cat,
         "sizes": {s: len(json.loads(files[s])) for s in SPLITS},
         "source": f"https://github.com/{RELEASE_REPO}/tree/{RELEASE_COMMIT}/dataset/{task}",
-        "files": {s: source.location(f"dataset/{task}/{s}.json") for s in SPLITS},
+        "files": {s: source.shown(f"dataset/{task}/{s}.json") for s in SPLITS},
         "fetched_from": source.where,
         "sha256": {s: hashlib.sha256(files[s]).hexdigest() for s in SPLITS},
     }
@@ -295,27 +336,25 @@ def task_meta(task: str, files: Mapping[str, bytes], source: Source) -> dict[str
     return meta
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically: a temp file beside ``path``, renamed onto it."""
-    tmp = path.with_name(f".{path.name}.{owner_tag()}.{TMP}")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def _json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _install(out: Path, task: str, files: Mapping[str, bytes], meta: dict[str, Any], expect) -> Path:
     """Write the task folder beside its place, check that it loads, and rename it into place."""
     final = out / task
-    tmp = out / f".{task}.{owner_tag()}.{TMP}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = at = out / f".{task}.{owner_tag()}.{TMP}"
     try:
-        for s in SPLITS:
-            (tmp / f"{s}.json").write_bytes(files[s])
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, data in [*((f"{s}.json", files[s]) for s in SPLITS), ("meta.json", _json(meta))]:
+            at = tmp / name
+            at.write_bytes(data)
         try:
             load_task_folder(tmp, task)
         except TaskError as e:
             raise SourceError(f"task {task}: the files do not load ({e})") from None
+        at = final
         if final.exists():  # replacing (overwrite)
             old = out / f".{task}.{owner_tag()}.old-{TMP}"
             final.rename(old)
@@ -324,14 +363,19 @@ def _install(out: Path, task: str, files: Mapping[str, bytes], meta: dict[str, A
             except OSError:
                 old.rename(final)
                 raise
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink() or not old.is_dir():  # a file (or a link) where the task folder goes
+                old.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             try:
                 tmp.rename(final)
-            except OSError as e:
+            except OSError:
                 if final.is_dir() and _problem(final, task, expect) is None:  # another process wrote it meanwhile
                     return final
-                raise SourceError(f"task {task}: cannot move the new folder to {final} ({e.strerror or e})") from None
+                raise
+    except OSError as e:
+        raise _cannot_write(at, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -344,12 +388,13 @@ def fetch_task(out: Path, task: str, source: Source, spec: Sequence[Any], overwr
     if final.exists():
         problem = _problem(final, task, expect) if final.is_dir() else "not a folder"
         if problem is None:
-            if _ours(final):
+            meta = _read_meta(final)
+            if meta is not None and (meta.get("suite") == SUITE or not overwrite):  # a user's meta.json is kept
                 log.info("%s: already complete in %s, skipped", task, final)
                 status = "present"
-            else:  # the release's files, put there by hand: add the meta.json
+            else:  # the release's files, put there by hand: add their meta.json (--overwrite: replace the user's)
                 files = {s: (final / f"{s}.json").read_bytes() for s in SPLITS}
-                _write_json(final / "meta.json", task_meta(task, files, source))
+                _write_atomic(final / "meta.json", _json(task_meta(task, files, source)))
                 log.info("%s: the files in %s are the release's; wrote its meta.json", task, final)
                 status = "meta.json written"
             return {"task": task, "category": category(task), "sizes": _sizes(final), "status": status}
@@ -373,8 +418,9 @@ def _sizes(folder: Path) -> dict[str, int]:
 
 
 def fetch_licences(out: Path, source: Source) -> list[str]:
-    """Write each licence's text under ``out`` unless there already; the files written. A licence that
-    cannot be fetched is a warning (README.md names it and its URL either way)."""
+    """Write each licence's text under ``out`` unless there already; the files written. A mirror without
+    a licence's file falls back to the licence's repository (one try); a licence that cannot be fetched
+    is a warning (README.md names it and its URL either way)."""
     written = []
     for lic in LICENCES:
         dest = out / lic.file
@@ -382,28 +428,46 @@ def fetch_licences(out: Path, source: Source) -> list[str]:
             continue
         location = lic.raw if source.default else source.location(lic.mirror_path)
         try:
-            text = source.read(location, lic.file).decode("utf-8")
+            try:
+                data = source.read(location, lic.file)
+            except NotFound:
+                if source.default:
+                    raise
+                location = lic.raw
+                data = source.get(location, lic.file, attempts=1)
+            text = data.decode("utf-8")
         except (SourceError, UnicodeDecodeError) as e:
             log.warning("%s not written (%s); README.md names the licence and its URL", lic.file, e)
             continue
         if lic.marker not in text:
             log.warning("%s not written: %s does not read as the %s licence text", lic.file, location, lic.spdx)
             continue
-        tmp = dest.with_name(f".{dest.name}.{owner_tag()}.{TMP}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, dest)
+        _write_atomic(dest, data)
         written.append(lic.file)
     return written
 
 
 def remove_orphans(out: Path) -> None:
     """Delete the temp folders and files of a run that was killed (never a live process's)."""
-    for p in out.glob(f".*{TMP}"):  # also the .old-fv.tmp of a replaced folder
+    for p in [*out.glob(f".*{TMP}"), *out.glob(f"*/.*{TMP}")]:  # also .old-fv.tmp, and temp meta.json files
         if temp_is_orphan(p):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
+
+
+def check_request(tasks=None, source=None, expected: Expected | None = None, timeout: float = TIMEOUT_S):
+    """The task names, their expectations and the Source of a request; a one-line SourceError if it is bad."""
+    known = sorted(ABSTRACTIVE | EXTRACTIVE) if expected is None else sorted(expected)
+    table = RELEASE if expected is None else expected
+    names = known if tasks is None else list(dict.fromkeys(tasks))
+    if not names:
+        raise SourceError("no FV task named (--tasks is empty)")
+    unknown = [t for t in names if t not in table]
+    if unknown:
+        raise SourceError(f"unknown FV task(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return names, table, Source(source, timeout)
 
 
 def build_fv(
@@ -420,16 +484,11 @@ def build_fv(
     sha256 prefixes of the three files): the tasks known, and what each file must hold.
     """
     out = Path(out)
-    known = sorted(ABSTRACTIVE | EXTRACTIVE) if expected is None else sorted(expected)
-    table = RELEASE if expected is None else expected
-    names = known if tasks is None else list(dict.fromkeys(tasks))
-    if not names:
-        raise SourceError("no FV task named (--tasks is empty)")
-    unknown = [t for t in names if t not in table]
-    if unknown:
-        raise SourceError(f"unknown FV task(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    src = Source(source, timeout)
-    out.mkdir(parents=True, exist_ok=True)
+    names, table, src = check_request(tasks, source, expected, timeout)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cannot_write(out, e) from None
     remove_orphans(out)
     rows = [fetch_task(out, t, src, table[t], overwrite) for t in names]
     fetch_licences(out, src)
@@ -441,11 +500,8 @@ def write_readme(out: Path) -> None:
     """README.md of the FV task folders under ``out``: what they are, sources, licences, split sizes."""
     rows = []
     for meta_file in sorted(out.glob("*/meta.json")):
-        try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(meta, dict) and meta.get("suite") == SUITE:
+        meta = _read_meta(meta_file.parent)
+        if meta is not None and meta.get("suite") == SUITE:
             rows.append((meta_file.parent.name, meta))
     mirrors = sorted({m.get("fetched_from", "") for _, m in rows} - {DEFAULT_SOURCE, ""})
     short = RELEASE_COMMIT[:7]
@@ -473,4 +529,4 @@ def write_readme(out: Path) -> None:
         lines.append(
             f"| {task} | {m.get('category', '')} | {s.get('train')} | {s.get('valid')} | {s.get('test')} | {link} |"
         )
-    (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _write_atomic(out / "README.md", ("\n".join(lines) + "\n").encode("utf-8"))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+
+from ...locks import owner_tag
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +29,12 @@ SCALE = DPI / PX_PER_INCH  # PNG px per layout px: 2, so PNGs are 1050 or 2100 p
 MIN_PT = 7.0  # no text smaller than this at the printed width
 
 
-def pt_to_px(pt: float) -> float:
+def pt_to_px(pt: Real) -> float:
     """Layout px of ``pt`` points at the printed width (1 pt = 1/72 in)."""
     return pt * PX_PER_INCH / 72
 
 
-def px_to_pt(px: float) -> float:
+def px_to_pt(px: Real) -> float:
     """Printed size in points of ``px`` layout px."""
     return px * 72 / PX_PER_INCH
 
@@ -119,7 +122,7 @@ def _text_px(text: str, size: float = FONT_SMALL) -> float:
     return 1.05 * size / 1000 * sum(_WIDTHS[ord(c) - 32] if 32 <= ord(c) < 127 else 600 for c in plain)
 
 
-def _legend_rows(names: list[str], width: float) -> int:
+def _legend_rows(names: list[str], width: Real) -> int:
     """Rows of a horizontal legend, as plotly lays one out: one row if every entry fits, else a grid of the widest."""
     widths = [40 + _text_px(n) + 5 for n in names]  # the symbol and its gap, the text, the gap to the next entry
     if not widths:
@@ -228,7 +231,7 @@ def _write_plotly_js(folder: Path) -> None:
     js = get_plotlyjs()
     _JS_CHECKED.add(path)
     if not (path.is_file() and path.read_text(encoding="utf-8") == js):
-        tmp = path.with_suffix(".js.tmp")
+        tmp = path.with_name(f".{PLOTLY_JS}.{owner_tag()}.tmp")  # one per writer: processes may share a folder
         tmp.write_text(js, encoding="utf-8")
         tmp.replace(path)
 
