@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +29,12 @@ SCALE = DPI / PX_PER_INCH  # PNG px per layout px: 2, so PNGs are 1050 or 2100 p
 MIN_PT = 7.0  # no text smaller than this at the printed width
 
 
-def pt_to_px(pt: float | int) -> float:
+def pt_to_px(pt: Real) -> float:
     """Layout px of ``pt`` points at the printed width (1 pt = 1/72 in)."""
     return pt * PX_PER_INCH / 72
 
 
-def px_to_pt(px: float | int) -> float:
+def px_to_pt(px: Real) -> float:
     """Printed size in points of ``px`` layout px."""
     return px * 72 / PX_PER_INCH
 
@@ -121,7 +122,7 @@ def _text_px(text: str, size: float = FONT_SMALL) -> float:
     return 1.05 * size / 1000 * sum(_WIDTHS[ord(c) - 32] if 32 <= ord(c) < 127 else 600 for c in plain)
 
 
-def _legend_rows(names: list[str], width: float | int) -> int:
+def _legend_rows(names: list[str], width: Real) -> int:
     """Rows of a horizontal legend, as plotly lays one out: one row if every entry fits, else a grid of the widest."""
     widths = [40 + _text_px(n) + 5 for n in names]  # the symbol and its gap, the text, the gap to the next entry
     if not widths:
