@@ -17,8 +17,9 @@ import textwrap
 from .._version import __version__
 from ..config import K_GRID, SPARSE_WEIGHTS
 from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
+from .args import comma_list, float_list, int_list, positive_int_or_all, seed_list
 from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
-from .data import cmd_data_bbh, cmd_data_fv, cmd_data_hf, parse_splits
+from .data import add_data_parsers
 
 DESCRIPTION = (
     "SITE (soft head selection for ICL-derived task embeddings) on TransformerLens: build a task embedding "
@@ -37,54 +38,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..tokens import PromptTooLongError
 
     return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError, SourceError)
-
-
-def comma_list(text: str) -> list[str]:
-    """'a,b, c' -> ['a', 'b', 'c'] (empty items dropped)."""
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-def seed_list(text: str) -> list[int]:
-    """A comma list of integer seeds, e.g. '0,1,2'."""
-    try:
-        seeds = [int(s) for s in comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got '{text}'") from None
-    if not seeds:
-        raise argparse.ArgumentTypeError("expected at least one seed")
-    return list(dict.fromkeys(seeds))
-
-
-def float_list(text: str) -> list[float]:
-    """A comma list of numbers, e.g. '0.001,0.01'."""
-    try:
-        values = [float(s) for s in comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got '{text}'") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
-
-
-def int_list(text: str) -> list[int]:
-    """A comma list of positive integers, e.g. '1,2,4'."""
-    try:
-        values = [int(s) for s in comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got '{text}'") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got '{text}'")
-    return values
-
-
-def positive_int_or_all(text: str) -> int | None:
-    """A positive integer, or 'all' (None)."""
-    from ..config import int_or_all
-
-    value = int_or_all(text)
-    if value is not None and value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
-    return value
 
 
 # ---------------------------------------------------------------- the parser
@@ -132,21 +85,6 @@ EXAMPLES = {
   site-lens figures --runs results/head_specificity/runs                # writes runs/figures
   site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out runs/bench_figures
   scripts/make_figures.sh                                               # redraws the committed figures/""",
-}
-
-DATA_EXAMPLES = {  # the data sources' own --help
-    "fv": """examples:
-  site-lens data fv --out data/fv
-  site-lens data fv --out data/fv --tasks antonym,country-capital
-  site-lens data fv --out data/fv --source runs/Soft_Injection   # a mirror: a git clone of the release, or a URL
-  site-lens run --data data/fv --task antonym""",
-    "bbh": """examples:
-  site-lens data bbh --out data/bbh
-  site-lens data bbh --sdist bigbench-1.0.0.tar.gz --tasks navigate,snarks --out data/bbh""",
-    "hf": """examples:
-  site-lens data hf facebook/anli --out data/anli --task-name anli_r1 \\
-      --input "Premise: {premise}\\nHypothesis: {hypothesis}" --output label \\
-      --splits train=train_r1,valid=dev_r1,test=test_r1""",
 }
 
 
@@ -373,79 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         "build task folders: the 45 FV tasks with the SITE paper's splits, BIG-Bench Hard-style tasks from the "
         "bigbench sdist, or a hub dataset",
     )
-    data_sub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="fv, bbh or hf")
-    q = data_sub.add_parser(
-        "fv",
-        parents=[verbose],
-        help="download the 45 function-vector tasks with the SITE paper's train/valid/test splits",
-        description="Download the 45 function-vector tasks (Todd et al. 2024, MIT) with the train/valid/test\n"
-        "splits of the SITE paper's code release (github.com/SNU-DRL/Soft_Injection, Apache-2.0, at a\n"
-        "pinned commit): one folder per task (train.json, valid.json, test.json as released, and\n"
-        "meta.json), the two licence texts and a README.md. Each file is checked (items, count, sha256);\n"
-        "a task folder already complete is skipped, and an interrupted run leaves only complete ones.",
-        epilog=DATA_EXAMPLES["fv"],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    q.set_defaults(func=cmd_data_fv)
-    q.add_argument("--out", required=True, help="folder for the task folders and README.md, e.g. data/fv")
-    q.add_argument("--tasks", type=comma_list, default=None, help="comma list of FV tasks (default: all 45)")
-    q.add_argument(
-        "--source",
-        default=None,
-        help="a mirror of the release: a base URL, a file:// URL or a folder holding dataset/TASK/{train,valid,"
-        "test}.json (and LICENSE; function_vectors/LICENSE optional) (default: raw.githubusercontent.com at the pinned commit)",
-    )
-    q.add_argument("--overwrite", action="store_true", help="replace task folders that are not the release's")
-    q = data_sub.add_parser(
-        "bbh",
-        parents=[verbose],
-        help="BBH-style tasks from the bigbench==1.0.0 sdist",
-        description="BBH-style tasks from the bigbench==1.0.0 sdist: one task folder each, and a README.md",
-        epilog=DATA_EXAMPLES["bbh"],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    q.set_defaults(func=cmd_data_bbh)
-    q.add_argument("--out", required=True, help="folder for the task folders and README.md")
-    q.add_argument("--sdist", default=None, help="a local bigbench-1.0.0.tar.gz (default: pip download it once)")
-    q.add_argument("--tasks", type=comma_list, default=None, help="comma list of BBH subtasks (default: all 27)")
-    q.add_argument("--seed", type=int, default=0, help="seed of the splits and the option order (default: 0)")
-    q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
-    q = data_sub.add_parser(
-        "hf",
-        parents=[verbose],
-        help="a datasets.load_dataset dataset into the task layout",
-        description="a datasets.load_dataset dataset into the task layout (a folder of train/valid/test.json)",
-        epilog=DATA_EXAMPLES["hf"],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    q.set_defaults(func=cmd_data_hf)
-    q.add_argument("name", help="dataset name for datasets.load_dataset, e.g. facebook/anli")
-    q.add_argument(
-        "--config", default=None, help="dataset configuration name, as load_dataset's second argument (default: none)"
-    )
-    q.add_argument("--out", required=True, help="folder for the task folder(s)")
-    q.add_argument("--task-name", default=None, help="task folder name (default: from the dataset name)")
-    q.add_argument(
-        "--input", required=True, help="input field, or a template over fields such as '{premise} {hypothesis}'"
-    )
-    q.add_argument(
-        "--output", required=True, help="answer field: a string, a ClassLabel index, or with --options an index/letter"
-    )
-    q.add_argument("--options", default=None, help="field holding each row's list of options (lettered (A), (B), ...)")
-    q.add_argument("--label-names", type=comma_list, default=None, help="names for an integer label field, e.g. yes,no")
-    q.add_argument("--group-by", default=None, help="one task per value of this field (e.g. MMLU-Pro's category)")
-    q.add_argument(
-        "--splits",
-        type=parse_splits,
-        default={"train": "train", "valid": "validation", "test": "test"},
-        help="OURS=THEIRS pairs for all three splits, or one pair: that split is divided "
-        "(default: train=train,valid=validation,test=test)",
-    )
-    q.add_argument(
-        "--max-items", type=int, default=None, help="sample at most this many rows per split, seeded (default: all)"
-    )
-    q.add_argument("--seed", type=int, default=0, help="seed of sampling and of a divided split (default: 0)")
-    q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
+    add_data_parsers(p, verbose)
 
     p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")
     p.add_argument(

@@ -7,6 +7,22 @@ from pathlib import Path
 
 from ..sources import SourceError
 from ..tasks import SPLITS
+from .args import comma_list
+
+DATA_EXAMPLES = {  # the data sources' own --help
+    "fv": """examples:
+  site-lens data fv --out data/fv
+  site-lens data fv --out data/fv --tasks antonym,country-capital
+  site-lens data fv --out data/fv --source runs/Soft_Injection   # a mirror: a git clone of the release, or a URL
+  site-lens run --data data/fv --task antonym""",
+    "bbh": """examples:
+  site-lens data bbh --out data/bbh
+  site-lens data bbh --sdist bigbench-1.0.0.tar.gz --tasks navigate,snarks --out data/bbh""",
+    "hf": """examples:
+  site-lens data hf facebook/anli --out data/anli --task-name anli_r1 \\
+      --input "Premise: {premise}\\nHypothesis: {hypothesis}" --output label \\
+      --splits train=train_r1,valid=dev_r1,test=test_r1""",
+}
 
 
 def parse_splits(text: str) -> dict[str, str]:
@@ -96,3 +112,80 @@ def cmd_data_hf(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def add_data_parsers(p: argparse.ArgumentParser, verbose: argparse.ArgumentParser) -> None:
+    """The `data` subcommand's sources: fv, bbh, hf."""
+    data_sub = p.add_subparsers(dest="source", required=True, metavar="SOURCE", help="fv, bbh or hf")
+    q = data_sub.add_parser(
+        "fv",
+        parents=[verbose],
+        help="download the 45 function-vector tasks with the SITE paper's train/valid/test splits",
+        description="Download the 45 function-vector tasks (Todd et al. 2024, MIT) with the train/valid/test\n"
+        "splits of the SITE paper's code release (github.com/SNU-DRL/Soft_Injection, Apache-2.0, at a\n"
+        "pinned commit): one folder per task (train.json, valid.json, test.json as released, and\n"
+        "meta.json), the two licence texts and a README.md. Each file is checked (items, count, sha256);\n"
+        "a task folder already complete is skipped, and an interrupted run leaves only complete ones.",
+        epilog=DATA_EXAMPLES["fv"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.set_defaults(func=cmd_data_fv)
+    q.add_argument("--out", required=True, help="folder for the task folders and README.md, e.g. data/fv")
+    q.add_argument("--tasks", type=comma_list, default=None, help="comma list of FV tasks (default: all 45)")
+    q.add_argument(
+        "--source",
+        default=None,
+        help="a mirror of the release: a base URL, a file:// URL or a folder holding dataset/TASK/{train,valid,"
+        "test}.json (and LICENSE; function_vectors/LICENSE optional) (default: raw.githubusercontent.com at the pinned commit)",
+    )
+    q.add_argument("--overwrite", action="store_true", help="replace task folders that are not the release's")
+    q = data_sub.add_parser(
+        "bbh",
+        parents=[verbose],
+        help="BBH-style tasks from the bigbench==1.0.0 sdist",
+        description="BBH-style tasks from the bigbench==1.0.0 sdist: one task folder each, and a README.md",
+        epilog=DATA_EXAMPLES["bbh"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.set_defaults(func=cmd_data_bbh)
+    q.add_argument("--out", required=True, help="folder for the task folders and README.md")
+    q.add_argument("--sdist", default=None, help="a local bigbench-1.0.0.tar.gz (default: pip download it once)")
+    q.add_argument("--tasks", type=comma_list, default=None, help="comma list of BBH subtasks (default: all 27)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the splits and the option order (default: 0)")
+    q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
+    q = data_sub.add_parser(
+        "hf",
+        parents=[verbose],
+        help="a datasets.load_dataset dataset into the task layout",
+        description="a datasets.load_dataset dataset into the task layout (a folder of train/valid/test.json)",
+        epilog=DATA_EXAMPLES["hf"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.set_defaults(func=cmd_data_hf)
+    q.add_argument("name", help="dataset name for datasets.load_dataset, e.g. facebook/anli")
+    q.add_argument(
+        "--config", default=None, help="dataset configuration name, as load_dataset's second argument (default: none)"
+    )
+    q.add_argument("--out", required=True, help="folder for the task folder(s)")
+    q.add_argument("--task-name", default=None, help="task folder name (default: from the dataset name)")
+    q.add_argument(
+        "--input", required=True, help="input field, or a template over fields such as '{premise} {hypothesis}'"
+    )
+    q.add_argument(
+        "--output", required=True, help="answer field: a string, a ClassLabel index, or with --options an index/letter"
+    )
+    q.add_argument("--options", default=None, help="field holding each row's list of options (lettered (A), (B), ...)")
+    q.add_argument("--label-names", type=comma_list, default=None, help="names for an integer label field, e.g. yes,no")
+    q.add_argument("--group-by", default=None, help="one task per value of this field (e.g. MMLU-Pro's category)")
+    q.add_argument(
+        "--splits",
+        type=parse_splits,
+        default={"train": "train", "valid": "validation", "test": "test"},
+        help="OURS=THEIRS pairs for all three splits, or one pair: that split is divided "
+        "(default: train=train,valid=validation,test=test)",
+    )
+    q.add_argument(
+        "--max-items", type=int, default=None, help="sample at most this many rows per split, seeded (default: all)"
+    )
+    q.add_argument("--seed", type=int, default=0, help="seed of sampling and of a divided split (default: 0)")
+    q.add_argument("--overwrite", action="store_true", help="replace task folders that exist")
