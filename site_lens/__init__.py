@@ -14,6 +14,7 @@ Head sets:
 
 from ._version import __version__
 from .adapter import Adapter, load_adapter, save_adapter
+from .analysis.attribution import attribution_scores
 from .analysis.minimal import HeadSet, score_head_sets
 from .analysis.multitask import fit_shared
 from .analysis.sparse import fit_sparse, sparse_path
@@ -43,6 +44,7 @@ __all__ = [
     "SparsityConfig",
     "Task",
     "__version__",
+    "attribution_scores",
     "build_prompt",
     "build_task_embedding",
     "builtin_tasks",
