@@ -31,6 +31,15 @@ def hooked64():
     return tiny(dtype=torch.float64)
 
 
+@pytest.fixture(scope="module", params=["hooked", "bridge"])
+def model64(request):
+    """A tiny float64 model on each engine (the HookedTransformer skips on TransformerLens 4)."""
+    if request.param == "hooked":
+        torch.manual_seed(0)
+        return tiny(dtype=torch.float64)
+    return _bridge("llama")
+
+
 def _bridge(arch: str, dtype: torch.dtype = torch.float64):
     tok = char_tokenizer()
     return bridge_from_hf(tiny_hf(arch, tok).to(dtype), tok, dtype=dtype)
@@ -49,17 +58,17 @@ def _central_difference(model, examples, t, h: float = 1e-4) -> torch.Tensor:
     return (up - down) / (2 * h)
 
 
-def test_the_error_falls_as_the_square_of_the_patch(hooked64):
+def test_the_error_falls_as_the_square_of_the_patch(model64):
     """|measured - estimated| shrinks about fourfold when the patch halves (a wrong slope would shrink it twofold)."""
-    ex = make_examples(hooked64, PAIRS)
-    t = build_task_embedding(hooked64, FEW_SHOT)
+    ex = make_examples(model64, PAIRS)
+    t = build_task_embedding(model64, FEW_SHOT)
     err, size = {}, {}
     for eps in (0.1, 0.05):
-        t_eps = _toward(hooked64, ex, t, eps)
-        est, exact = attribution_scores(hooked64, ex, t_eps), exact_head_effects(hooked64, ex, t_eps)
+        t_eps = _toward(model64, ex, t, eps)
+        est, exact = attribution_scores(model64, ex, t_eps), exact_head_effects(model64, ex, t_eps)
         err[eps], size[eps] = float((exact - est).norm()), float(exact.norm())
     assert 3.5 < err[0.1] / err[0.05] < 4.5, err
-    assert err[0.05] < 0.05 * size[0.05] and size[0.05] > 1e-3, (err, size)
+    assert err[0.05] < 0.05 * size[0.05] and size[0.05] > 1e-4, (err, size)
 
 
 def test_the_estimate_is_the_derivative_along_t_minus_z(hooked64):
@@ -169,12 +178,12 @@ def test_both_engines_give_the_same_scores(arch):
     assert scores[0].abs().max() > 1e-4
 
 
-def test_bad_input_is_refused(hooked64):
-    c = hooked64.cfg
-    ex = make_examples(hooked64, PAIRS)
+def test_bad_input_is_refused(model64):
+    c = model64.cfg
+    ex = make_examples(model64, PAIRS)
     with pytest.raises(ValueError, match="layer, head, d_head"):
-        attribution_scores(hooked64, ex, torch.zeros(c.n_layers, c.n_heads + 1, c.d_head))
+        attribution_scores(model64, ex, torch.zeros(c.n_layers, c.n_heads + 1, c.d_head))
     with pytest.raises(ValueError, match="one per prompt"):
-        exact_head_effects(hooked64, ex, torch.zeros(len(ex) + 1, c.n_layers, c.n_heads, c.d_head))
+        exact_head_effects(model64, ex, torch.zeros(len(ex) + 1, c.n_layers, c.n_heads, c.d_head))
     with pytest.raises(ValueError, match="at least one prompt"):
-        attribution_scores(hooked64, [], torch.zeros(c.n_layers, c.n_heads, c.d_head))
+        attribution_scores(model64, [], torch.zeros(c.n_layers, c.n_heads, c.d_head))
