@@ -99,7 +99,6 @@ def test_the_gate_formula_is_written_once(model, monkeypatch):
                 prefill_hooks=lambda last: injection_hooks(model, t, alpha, last),
                 stop_ids=set(),
             )[1],
-            "module": AlphaGate(c.n_layers, c.n_heads)(torch.zeros(c.n_layers, c.n_heads, c.d_head), t),
         }
 
     before = run()
