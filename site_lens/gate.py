@@ -52,12 +52,6 @@ class AlphaGate(nn.Module):
     def alpha(self) -> Float[Tensor, "layer head_index"]:
         return torch.sigmoid(self.theta)
 
-    def forward(
-        self, z: Float[Tensor, "*batch layer head_index d_head"], t: Float[Tensor, "layer head_index d_head"]
-    ) -> Float[Tensor, "*batch layer head_index d_head"]:
-        """Every head's z mixed toward t by its alpha."""
-        return self.mix(z, t.to(z.dtype), self.alpha().to(z.dtype)[..., None])
-
     def hooks(self, model: Model, t: Float[Tensor, "layer head_index d_head"], pos) -> Hooks:
         """Injection hooks for one forward pass (differentiable in theta)."""
         return injection_hooks(model, t, self.alpha(), pos)

@@ -1,4 +1,4 @@
-"""Scoring: first-token accuracy, the paper's (prefix) exact match, and strict match.
+"""Scoring: first-token accuracy and answer probability, the paper's (prefix) exact match, and strict match.
 
 ``normalize`` follows the paper's evaluation: the first line of the generation,
 cut at "(", stripped, lower-cased unless the task is about case. A line that
@@ -65,10 +65,19 @@ def strict_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
     return normalize(pred, case_sensitive) == normalize(target, case_sensitive)
 
 
-def first_token_accuracy(logits: Float[Tensor, "batch d_vocab"], targets: Int[Tensor, " batch"] | Sequence[int]) -> float:
-    """Share of rows whose argmax is the answer's first token."""
+def first_token_accuracy(
+    logits: Float[Tensor, "batch d_vocab"], targets: Int[Tensor, " batch"] | Sequence[int]
+) -> float:
+    """Share of rows whose argmax is the answer's first token (the count over the rows, exactly; nan for none)."""
     targets = torch.as_tensor(targets, device=logits.device)
-    return float((logits.argmax(-1) == targets).float().mean())
+    return int((logits.argmax(-1) == targets).sum()) / len(targets) if len(targets) else float("nan")
+
+
+def answer_probability(logits: Float[Tensor, "batch d_vocab"], targets: Int[Tensor, " batch"] | Sequence[int]) -> float:
+    """Mean probability (softmax of each row's logits) of the answer's first token; nan for no rows."""
+    targets = torch.as_tensor(targets, device=logits.device)
+    rows = torch.arange(len(targets), device=logits.device)
+    return float(logits.float().softmax(-1)[rows, targets].double().mean())
 
 
 def score(

@@ -1,4 +1,4 @@
-"""Small statistics without scipy: rank and linear correlation of flattened arrays, and the Wilson interval."""
+"""Small statistics without scipy: rank and linear correlation of flattened arrays, the Wilson interval, top-k."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 
@@ -53,3 +54,15 @@ def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[floa
     centre = (p + z * z / (2 * n)) / den
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def top_k_mask(
+    score: Float[Tensor, "layer head_index"], k: int, largest: bool = True
+) -> Bool[Tensor, "layer head_index"]:
+    """Mask of the k heads with the largest score (``largest=False``: the smallest), ties broken by index."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    flat = score.detach().flatten().cpu().double()  # exact for every float dtype; sortable for bool and int
+    m = torch.zeros(flat.numel(), dtype=torch.bool)
+    m[torch.argsort(flat, descending=largest, stable=True)[:k]] = True
+    return m.view(score.shape)

@@ -175,12 +175,6 @@ def split_indices(n: int, seed: int = SPLIT_SEED) -> tuple[list[int], list[int],
     return items[:n_train], items[n_train : n_train + n_valid], items[n_train + n_valid :]
 
 
-def split_pairs(pairs: Sequence[Pair], seed: int = SPLIT_SEED) -> tuple[list[Pair], list[Pair], list[Pair]]:
-    """Shuffle with a fixed seed and split 70/9/21 (at least one item in each split)."""
-    train, valid, test = split_indices(len(pairs), seed)
-    return [pairs[i] for i in train], [pairs[i] for i in valid], [pairs[i] for i in test]
-
-
 META_FILE = "meta.json"  # optional in a task folder: {"category": "..."}
 
 

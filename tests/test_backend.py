@@ -69,7 +69,7 @@ def test_backends_agree_through_the_seam(variant):
 
 def test_the_gate_formula_is_written_once(model, monkeypatch):
     """Patching AlphaGate.mix changes injection, the packed path, patching and generation alike."""
-    from site_lens.analysis.patching import PatchData, generic_head_patch
+    from site_lens.analysis.patching import PatchData, patch_scores
 
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 3
@@ -91,7 +91,7 @@ def test_the_gate_formula_is_written_once(model, monkeypatch):
             "hooked": torch.cat(
                 [lg for _, lg in PromptCache(model, ex, backend=HookedBackend(model)).logits(range(4), alpha, t)]
             ),
-            "patching": generic_head_patch(model, data, t, [mask])[1],
+            "patching": patch_scores(model, data, t, [mask])[1],
             "generation": generate_greedy(
                 model,
                 PROMPTS,
@@ -99,7 +99,6 @@ def test_the_gate_formula_is_written_once(model, monkeypatch):
                 prefill_hooks=lambda last: injection_hooks(model, t, alpha, last),
                 stop_ids=set(),
             )[1],
-            "module": AlphaGate(c.n_layers, c.n_heads)(torch.zeros(c.n_layers, c.n_heads, c.d_head), t),
         }
 
     before = run()

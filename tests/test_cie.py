@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from site_lens.engine.backend import last_logits, use_backend
@@ -45,19 +46,44 @@ def test_cie_shape_and_zero_when_t_is_the_corrupted_mean(model):
     assert cie.abs().max() < 1e-5
 
 
-def test_cie_nonzero_for_other_embedding(model):
-    task = load_task("opposites")
-    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
-    cie = causal_indirect_effect(model, task, t, n_prompts=3, n_shots=2)
-    assert cie.abs().max() > 0
-    stats = alpha_cie_correlation(torch.rand(model.cfg.n_layers, model.cfg.n_heads), cie)
-    assert set(stats) == {"pearson", "spearman", "n_heads"} and -1 <= stats["spearman"] <= 1
-
-
-def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
+def _by_definition(model, task, t, n_prompts, n_shots, layer, head):
+    """CIE of one head from whole prompts: mean of P(y | head patched to t) - P(y | corrupted)."""
     from site_lens.gate import injection_hooks
     from site_lens.stages.cie import _prompts_and_targets
 
+    tokens, targets = _prompts_and_targets(model, task, n_prompts, n_shots, 0)
+    alpha = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    alpha[layer, head] = 1
+    rise = 0.0
+    for toks, y in zip(tokens, targets):
+        ids = torch.tensor([toks])
+        last = torch.tensor([len(toks) - 1])
+        base = last_logits(model, ids, last).softmax(-1)[0, y]
+        patched = last_logits(model, ids, last, hooks=injection_hooks(model, t, alpha, last)).softmax(-1)[0, y]
+        rise += float(patched - base) / len(tokens)
+    return rise
+
+
+def test_cie_of_a_task_is_cie_of_its_shuffled_label_prompts(model):
+    task = load_task("opposites")
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
+    cie = causal_indirect_effect(model, task, t, n_prompts=3, n_shots=2, seed=5)
+    pairs = shuffled_label_prompts(task, n_prompts=3, n_shots=2, seed=5)
+    assert torch.equal(cie, causal_indirect_effect(model, pairs, t))
+    assert cie.abs().max() > 1e-4
+    assert not torch.equal(cie, causal_indirect_effect(model, task, t, n_prompts=3, n_shots=2, seed=6))
+
+
+def test_alpha_cie_correlation():
+    cie = torch.tensor([[0.3, -0.1, 0.2], [0.0, 0.5, -0.4]])
+    assert alpha_cie_correlation(cie * 2 + 1, cie) == {"pearson": pytest.approx(1.0), "spearman": 1.0, "n_heads": 6}
+    back = alpha_cie_correlation(-cie, cie)
+    assert back["pearson"] == pytest.approx(-1.0) and back["spearman"] == -1.0
+    alpha = torch.tensor([[0.9, 0.1, 0.2], [0.3, 0.8, 0.0]])  # cie's order with two pairs of neighbours swapped
+    assert alpha_cie_correlation(alpha, cie)["spearman"] == pytest.approx(1 - 6 * 4 / (6 * 35))  # sum of d^2 = 4
+
+
+def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
     task = load_task("opposites")
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
     from site_lens.engine.backend import backend_for
@@ -72,18 +98,8 @@ def test_packed_cie_equals_hooked_cie_and_one_head_at_a_time(model):
     assert torch.allclose(hooked, packed, atol=1e-6), (hooked - packed).abs().max()
     assert hooked.abs().max() > 1e-4
     # the definition, head by head on whole prompts: P(y | head patched to t) - P(y | corrupted)
-    tokens, targets = _prompts_and_targets(model, task, 4, 2, 0)
     layer, head = divmod(int(packed.abs().argmax()), model.cfg.n_heads)
-    alpha = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
-    alpha[layer, head] = 1
-    rise = 0.0
-    for toks, y in zip(tokens, targets):
-        ids = torch.tensor([toks])
-        last = torch.tensor([len(toks) - 1])
-        base = last_logits(model, ids, last).softmax(-1)[0, y]
-        patched = last_logits(model, ids, last, hooks=injection_hooks(model, t, alpha, last)).softmax(-1)[0, y]
-        rise += float(patched - base) / len(tokens)
-    assert abs(rise - float(packed[layer, head])) < 1e-5
+    assert abs(_by_definition(model, task, t, 4, 2, layer, head) - float(packed[layer, head])) < 1e-5
 
 
 def test_cie_falls_back_to_hooks_on_unsupported_models():
@@ -96,4 +112,7 @@ def test_cie_falls_back_to_hooks_on_unsupported_models():
 
     assert backend_for(ln).name == "hooked"
     cie = causal_indirect_effect(ln, task, t, n_prompts=2, n_shots=2)
-    assert cie.shape == (ln.cfg.n_layers, ln.cfg.n_heads) and cie.abs().max() > 0
+    assert cie.shape == (ln.cfg.n_layers, ln.cfg.n_heads) and cie.abs().max() > 1e-4
+    for layer in range(ln.cfg.n_layers):  # every head, by the definition
+        for head in range(ln.cfg.n_heads):
+            assert abs(_by_definition(ln, task, t, 2, 2, layer, head) - float(cie[layer, head])) < 1e-5, (layer, head)

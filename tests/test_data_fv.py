@@ -27,7 +27,7 @@ from conftest import FV_DIR
 import site_lens
 from site_lens.cli import main
 from site_lens.locks import owner_tag
-from site_lens.sources import SourceError, fv
+from site_lens.sources import SourceError, fetch, fv
 from site_lens.tasks import ABSTRACTIVE, EXTRACTIVE, SPLITS, load_task
 
 # task -> items per split; word_length's outputs are numbers, as in the real task
@@ -49,7 +49,7 @@ def offline(monkeypatch):
 def sleeps(monkeypatch) -> list[float]:
     """The waits between tries, recorded instead of slept."""
     waited: list[float] = []
-    monkeypatch.setattr(fv.time, "sleep", waited.append)
+    monkeypatch.setattr(fetch.time, "sleep", waited.append)
     return waited
 
 
@@ -204,7 +204,7 @@ def test_a_server_error_is_retried(tmp_path, serve, sleeps):
     state.fail["/dataset/antonym/valid.json"] = [503]
     fv.build_fv(tmp_path / "out", source=url, expected=expected)
     assert state.requests.count("/dataset/antonym/valid.json") == 2 and sleeps == [1]
-    state.fail["/dataset/antonym/valid.json"] = [500] * fv.ATTEMPTS
+    state.fail["/dataset/antonym/valid.json"] = [500] * fetch.ATTEMPTS
     with pytest.raises(SourceError, match=r"task antonym, valid.json: HTTP 500") as e:
         fv.build_fv(tmp_path / "out2", source=url, expected=expected)
     assert "\n" not in str(e.value) and sleeps == [1, 1, 2]
@@ -217,7 +217,7 @@ def test_retry_after_is_honoured_and_capped(tmp_path, serve, sleeps):
     url, state = serve(release)
     state.fail["/dataset/antonym/train.json"] = [(429, "0"), (503, "3600")]
     rows = fv.build_fv(tmp_path / "out", source=url, expected=expected)
-    assert rows[0]["status"] == "downloaded" and sleeps == [0, fv.RETRY_AFTER_MAX_S]
+    assert rows[0]["status"] == "downloaded" and sleeps == [0, fetch.RETRY_AFTER_MAX_S]
     assert state.requests.count("/dataset/antonym/train.json") == 3
     check_output(tmp_path / "out", release, {"antonym": COUNTS["antonym"]})
 
@@ -247,9 +247,9 @@ def test_a_stalled_server_fails_after_the_tries(tmp_path, serve, sleeps):
         fv.build_fv(out, source=url, expected=expected, timeout=0.2)
     assert str(e.value) == (
         f"task antonym, train.json: reading {url}/dataset/antonym/train.json failed (no answer in 0.2 s, "
-        f"{fv.ATTEMPTS} tries); run the command again to resume"
+        f"{fetch.ATTEMPTS} tries); run the command again to resume"
     )
-    assert state.requests == ["/dataset/antonym/train.json"] * fv.ATTEMPTS and sleeps == [1, 2]
+    assert state.requests == ["/dataset/antonym/train.json"] * fetch.ATTEMPTS and sleeps == [1, 2]
     assert list(out.iterdir()) == []
 
 
@@ -266,8 +266,8 @@ def test_a_dropped_connection_is_retried(tmp_path, serve, sleeps):
 @pytest.mark.parametrize(
     ("reason", "tries"),
     [
-        (TimeoutError("timed out"), fv.ATTEMPTS),  # a connect timeout
-        (ConnectionResetError(104, "Connection reset by peer"), fv.ATTEMPTS),
+        (TimeoutError("timed out"), fetch.ATTEMPTS),  # a connect timeout
+        (ConnectionResetError(104, "Connection reset by peer"), fetch.ATTEMPTS),
         (ConnectionRefusedError(111, "Connection refused"), 1),  # nothing listens there: at once
         (socket.gaierror(-2, "Name or service not known"), 1),  # offline: at once
     ],
@@ -279,7 +279,7 @@ def test_which_connection_failures_are_retried(reason, tries, tmp_path, monkeypa
         asked.append(request.full_url)
         raise urllib.error.URLError(reason)
 
-    monkeypatch.setattr(fv.urllib.request, "urlopen", failing)
+    monkeypatch.setattr(fetch.urllib.request, "urlopen", failing)
     release = tmp_path / "release"
     expected = make_release(release, {"antonym": COUNTS["antonym"]})
     with pytest.raises(SourceError, match=r"^cannot reach example\.org \(.+\); connect to the internet"):
@@ -288,11 +288,11 @@ def test_which_connection_failures_are_retried(reason, tries, tmp_path, monkeypa
 
 
 def test_an_oversized_answer_is_refused(tmp_path, serve, monkeypatch):
-    monkeypatch.setattr(fv, "MAX_BYTES", 40)
+    monkeypatch.setattr(fetch, "MAX_BYTES", 40)
     release = tmp_path / "release"
     expected = make_release(release, {"antonym": COUNTS["antonym"]})
     url, _ = serve(release)
-    with pytest.raises(SourceError, match=r"task antonym, train.json: .*/train.json is over .*, not the release's"):
+    with pytest.raises(SourceError, match=r"task antonym, train.json: .*/train.json is over .*, not a data file"):
         fv.build_fv(tmp_path / "out", source=url, expected=expected)
 
 
@@ -338,7 +338,7 @@ def test_a_source_failing_mid_task_leaves_no_partial_folder(tmp_path, serve, sle
         SourceError, match=r"task choose_first_of_3, test.json: reading .* failed \(IncompleteRead"
     ) as e:
         fv.build_fv(out, source=url, expected=expected)
-    assert "\n" not in str(e.value) and state.requests.count("/dataset/choose_first_of_3/test.json") == fv.ATTEMPTS
+    assert "\n" not in str(e.value) and state.requests.count("/dataset/choose_first_of_3/test.json") == fetch.ATTEMPTS
     assert sorted(p.name for p in out.iterdir()) == ["antonym"]  # the task before it is complete; nothing else
     assert "/dataset/choose_first_of_3/train.json" in state.requests
 
@@ -436,7 +436,7 @@ def test_the_default_source_is_the_pinned_release(tmp_path, monkeypatch, capsys)
         asked.append((request.full_url, timeout))
         raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
 
-    monkeypatch.setattr(fv.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(fetch.urllib.request, "urlopen", offline)
     assert main(["data", "fv", "--out", str(tmp_path / "out"), "--tasks", "country-capital"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
@@ -446,7 +446,7 @@ def test_the_default_source_is_the_pinned_release(tmp_path, monkeypatch, capsys)
     assert asked == [
         (
             f"https://raw.githubusercontent.com/SNU-DRL/Soft_Injection/{fv.RELEASE_COMMIT}/dataset/country-capital/train.json",
-            fv.TIMEOUT_S,
+            fetch.TIMEOUT_S,
         )
     ]
 

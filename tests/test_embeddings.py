@@ -24,9 +24,13 @@ def test_batch_size_does_not_change_embedding(model):
 
 
 def test_only_last_position_is_kept(model):
-    # memory is bounded by caching the last position only: one vector per prompt, layer and head
-    z = last_token_z(model, encode(model, ["Q: a long prompt indeed\nA:", "Q: b\nA:"]))
-    assert z.shape == (2, model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    # one vector per prompt, layer and head: each prompt's own hook_z at its last token, in the prompts' order
+    prompts = ["Q: a long prompt indeed\nA:", "Q: b\nA:", "Q: medium one\nA:"]
+    z = last_token_z(model, encode(model, prompts), batch_size=2)
+    assert z.shape == (3, model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    for i, p in enumerate(prompts):
+        _, cache = model.run_with_cache(torch.tensor(encode(model, [p])), names_filter=z_names(model))
+        torch.testing.assert_close(z[i], torch.stack([cache[n][0, -1] for n in z_names(model)]), atol=1e-6, rtol=1e-5)
 
 
 def test_attention_budget_does_not_change_embedding(model, monkeypatch):

@@ -1,6 +1,8 @@
+import math
+
 import torch
 
-from site_lens.metrics import exact_match, first_token_accuracy, normalize, score, strict_match
+from site_lens.metrics import answer_probability, exact_match, first_token_accuracy, normalize, score, strict_match
 
 
 def test_normalize_first_line_paren_case():
@@ -29,6 +31,15 @@ def test_score_and_first_token_accuracy():
     assert s == {"exact_match": 2 / 3, "strict_match": 1 / 3}
     logits = torch.tensor([[0.0, 1.0], [2.0, 1.0]])
     assert first_token_accuracy(logits, [1, 1]) == 0.5
+    three = torch.tensor([[0.0, 1.0], [2.0, 1.0], [3.0, 1.0]])
+    assert first_token_accuracy(three, torch.tensor([1, 1, 1])) == 1 / 3  # the count over the rows, exactly
+    assert math.isnan(first_token_accuracy(torch.zeros(0, 2), []))
+
+
+def test_answer_probability_is_the_mean_softmax_of_the_answer():
+    logits = torch.tensor([[0.0, math.log(3.0)], [math.log(4.0), 0.0]])  # P = (1/4, 3/4) and (4/5, 1/5)
+    assert abs(answer_probability(logits, [1, 1]) - (0.75 + 0.2) / 2) < 1e-7
+    assert abs(answer_probability(logits, torch.tensor([0, 0])) - (0.25 + 0.8) / 2) < 1e-7
 
 
 def test_settled_match_agrees_with_every_continuation():
@@ -48,4 +59,8 @@ def test_settled_match_agrees_with_every_continuation():
                 got = settled_match(full[:cut], target, cs)
                 assert got is None or got == want, (full[:cut], full, target, cs)
     assert settled_match("\ufffd", "ant") is None
-    assert settled_match(" An", "ant") is None and settled_match(" Ant", "ant") is True and settled_match(" b", "ant") is False
+    assert (
+        settled_match(" An", "ant") is None
+        and settled_match(" Ant", "ant") is True
+        and settled_match(" b", "ant") is False
+    )

@@ -15,7 +15,11 @@ from site_lens.analysis.overlap import (
     spearman_matrix,
     transfer_matrix,
 )
-from site_lens.tasks import load_task
+from site_lens.analysis.patching import patch_data, site_reference
+from site_lens.engine.backend import last_logits
+from site_lens.gate import injection_hooks
+from site_lens.tasks import Task, load_task, zero_shot_prompts
+from site_lens.tokens import encode
 
 
 def _alphas():
@@ -68,3 +72,73 @@ def test_transfer_matrix_shape(model):
     tasks = {n: load_task(n) for n in ads}
     m = transfer_matrix(model, tasks, ads, max_items=4)
     assert m.shape == (2, 2) and ((m >= 0) & (m <= 1)).all().all()
+
+
+def _digit_model():
+    """A tiny model that only ever predicts a digit: its argmax is a digit answer's first token."""
+    from helpers import tiny
+
+    m = tiny()
+    digits = [m.tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
+    with torch.no_grad():
+        keep = torch.zeros(m.cfg.d_vocab_out, dtype=torch.bool)
+        keep[digits] = True
+        m.unembed.b_U[~keep] = -1e4
+    return m
+
+
+def _answered_by(model, name: str, adapter: Adapter, n: int = 8) -> Task:
+    """Task ``name`` whose test answers are the digits SITE's gate (``adapter``) makes the model predict."""
+    pairs = load_task(name).test[:n]
+    answers = []
+    for prompt, _ in zero_shot_prompts(pairs):
+        toks = torch.tensor(encode(model, [prompt]))
+        last = torch.tensor([toks.shape[1] - 1])
+        logits = last_logits(model, toks, last, hooks=injection_hooks(model, adapter.t, adapter.alpha, last))
+        answers.append(model.tokenizer.decode([int(logits.argmax(-1))]))
+    test = [(x, y) for (x, _), y in zip(pairs, answers)]
+    return Task(name, load_task(name).train, load_task(name).valid, test)
+
+
+def test_transfer_matrix_pairs_each_task_with_its_own_t():
+    """The diagonal is each task's own SITE (site_reference); off it, task B's t with task A's alpha."""
+    model = _digit_model()
+    g = torch.Generator().manual_seed(3)
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    ads = {
+        n: Adapter(
+            t=4 * torch.randn(*shape, model.cfg.d_head, generator=g),
+            theta=3 * torch.randn(*shape, generator=g),
+            model={},
+        )
+        for n in ("opposites", "uppercase")
+    }
+    tasks = {n: _answered_by(model, n, ad) for n, ad in ads.items()}
+    m = transfer_matrix(model, tasks, ads, max_items=8)
+    for b in ads:
+        data = patch_data(model, tasks[b], max_items=8)
+        for a in ads:
+            assert m.loc[a, b] == site_reference(model, data, ads[b].t, ads[a].alpha)[0], (a, b)
+        assert m.loc[b, b] == 1.0  # the answers are what B's own gate predicts
+        other = next(x for x in ads if x != b)
+        assert site_reference(model, data, ads[other].t, ads[b].alpha)[0] < 1.0  # another task's t would show
+    assert (m.to_numpy() < 1.0).any()  # and another task's alpha
+
+
+def test_one_top_k_for_patching_overlap_and_minimal_sets():
+    from site_lens.analysis.minimal import ranking_sets
+    from site_lens.analysis.overlap import top_k_set
+    from site_lens.analysis.patching import bottom_k_heads, top_k_heads
+    from site_lens.stats import top_k_mask
+
+    score = torch.tensor([[0.5, 0.1, 0.5], [0.5, 0.9, 0.1]])
+    assert top_k_mask(score, 3).tolist() == [[True, False, True], [False, True, False]]  # ties: lower index first
+    assert top_k_mask(score, 2, largest=False).tolist() == [[False, True, False], [False, False, True]]
+    assert not top_k_mask(score, 0).any() and top_k_mask(score, 9).all()
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        top_k_mask(score, -1)
+    for k in range(7):
+        top = top_k_mask(score, k)
+        assert torch.equal(top_k_heads(score, k), top) and torch.equal(bottom_k_heads(score, k), top_k_mask(-score, k))
+        assert top_k_set(score, k) == {tuple(i) for i in top.nonzero().tolist()}
+        assert torch.equal(ranking_sets(score, [k], "x")[0].alpha, top.float())

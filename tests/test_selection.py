@@ -32,17 +32,22 @@ def test_fast_loss_and_grad_equal_naive(model):
     assert torch.allclose(gf, gn, atol=1e-5)
 
 
-def test_only_theta_trains_and_model_is_unchanged(model):
+@pytest.mark.parametrize("fast", [True, False])
+def test_fit_freezes_a_trainable_model_for_its_run(fast):
+    """On a model whose weights require grad, fit trains theta only: no weight gets a gradient or changes,
+    and every weight's requires_grad flag is as it was afterwards."""
+    from helpers import tiny
+
+    model = tiny()
+    model.requires_grad_(True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
-    tr = AlphaTrainer(model, t, SelectionConfig(steps=5, eval_every=0))
+    t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
+    tr = AlphaTrainer(model, t, SelectionConfig(steps=5, eval_every=2, fast=fast))
     ex = _examples(model, WORDS)
-    loss = tr.loss_naive(ex[:2])
-    loss.backward()
+    tr.fit(ex[:7], ex[7:])
+    assert tr.gate.theta.grad is not None and not torch.equal(tr.gate.theta, torch.zeros_like(tr.gate.theta))
     assert all(p.grad is None for p in model.parameters())
-    assert not any(p.requires_grad for p in model.parameters())
-    assert tr.gate.theta.grad is not None
-    tr.fit(ex)
+    assert all(p.requires_grad for p in model.parameters())
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert [p for p in tr.gate.parameters()] == [tr.gate.theta]

@@ -13,8 +13,9 @@ from site_lens.tasks import (
     format_demo,
     format_query,
     load_task,
+    load_task_file,
     sample_icl_prompts,
-    split_pairs,
+    split_indices,
     zero_shot_prompts,
 )
 
@@ -64,10 +65,13 @@ def test_an_fv_name_without_a_data_folder_says_where_to_get_it(name):
     assert "--data data/fv" in msg
 
 
-def test_split_is_seeded_and_complete():
+def test_split_is_seeded_and_complete(tmp_path):
+    a, b = split_indices(100), split_indices(100)
+    assert a == b and sorted(sum(a, [])) == list(range(100)) and [len(s) for s in a] == [70, 9, 21]
+    assert split_indices(100, seed=1) != a
     pairs = [(str(i), str(i)) for i in range(100)]
-    a, b = split_pairs(pairs), split_pairs(pairs)
-    assert a == b and sorted(sum(a, [])) == sorted(pairs) and [len(s) for s in a] == [70, 9, 21]
+    task = load_task_file(_write(tmp_path, [{"input": x, "output": y} for x, y in pairs]))
+    assert [task.train, task.valid, task.test] == [[pairs[i] for i in part] for part in a]
 
 
 def test_case_detection():

@@ -32,9 +32,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..engine.generate import generate_under_gates
-from ..metrics import exact_match, settled_match
+from ..metrics import exact_match, first_token_accuracy, settled_match
 from ..models.engines import Model
-from ..stats import wilson_interval
+from ..stats import top_k_mask, wilson_interval
 from ..tasks import Task, zero_shot_prompts
 from ..tokens import answer_ids, encode
 from .overlap import jaccard
@@ -59,14 +59,6 @@ class HeadSet:
 def mask_alpha(mask: HeadMask) -> Float[Tensor, "layer head_index"]:
     """alpha = 1 on the mask's heads, 0 elsewhere."""
     return mask.float()
-
-
-def top_k_mask(score: Float[Tensor, "layer head_index"], k: int) -> HeadMask:
-    """The k heads with the largest score (ties broken by index)."""
-    flat = torch.argsort(score.detach().float().flatten().cpu(), descending=True, stable=True)[:k]
-    m = torch.zeros(score.numel(), dtype=torch.bool)
-    m[flat] = True
-    return m.view(score.shape)
 
 
 def ranking_sets(score: Float[Tensor, "layer head_index"], ks: Iterable[int], method: str) -> list[HeadSet]:
@@ -157,7 +149,7 @@ def score_head_sets(
                 "weight": s.weight,
                 "threshold": s.threshold,
                 "exact_match": float(np.mean(em)),
-                "first_token_acc": float((first.argmax(-1) == targets).float().mean()),
+                "first_token_acc": first_token_accuracy(first, targets),
                 "prob": float(probs.mean()),
                 "n": len(pairs),
                 "heads": heads_string(s.alpha),

@@ -17,21 +17,21 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..adapter import Adapter
 from ..models.engines import Model
-from ..stats import pearson, spearman
+from ..stats import pearson, spearman, top_k_mask
+from ..tasks import Task
+from .patching import patch_accuracy, patch_cache, patch_data
 
 Alphas = Mapping[str, Float[Tensor, "layer head_index"]]
 
 
 def top_k_set(alpha: Float[Tensor, "layer head_index"], k: int) -> set[tuple[int, int]]:
     """The k (layer, head) pairs with the largest alpha (ties broken by index)."""
-    n_heads = alpha.shape[1]
-    idx = torch.argsort(alpha.detach().flatten().cpu(), descending=True, stable=True)[:k]
-    return {(int(i) // n_heads, int(i) % n_heads) for i in idx}
+    return {(layer, head) for layer, head in top_k_mask(alpha, k).nonzero().tolist()}
 
 
 def jaccard(a: set, b: set) -> float:
@@ -107,31 +107,19 @@ def alpha_shares(alpha: Float[Tensor, "layer head_index"], low: float = 0.1, hig
 # ---------------------------------------------------------------- transfer
 
 
-@torch.inference_mode()
 def transfer_matrix(
     model: Model,
-    tasks: Mapping[str, Task],  # noqa: F821
-    adapters: Mapping[str, Adapter],  # noqa: F821
+    tasks: Mapping[str, Task],
+    adapters: Mapping[str, Adapter],
     split: str = "test",
     max_items: int = 50,
     names: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """First-token accuracy on task B (columns) with B's embedding t and task A's alpha (rows)."""
-    from ..engine.prompt_cache import PromptCache
-    from ..tasks import zero_shot_prompts
-    from ..tokens import make_examples
-
     names = list(names or [n for n in adapters if n in tasks])
     out = pd.DataFrame(np.nan, index=pd.Index(names, name="alpha_from"), columns=pd.Index(names, name="task"))
-    dev, dt = model.cfg.device, model.cfg.dtype
     for b in names:
-        cache = PromptCache(model, make_examples(model, zero_shot_prompts(tasks[b].split(split)[:max_items])))
-        t = adapters[b].t.to(device=dev, dtype=dt)
-        for a in names:
-            alpha = adapters[a].alpha.to(device=dev, dtype=dt)
-            correct = 0
-            for idx, logits in cache.logits(range(len(cache)), alpha, t):
-                target = torch.tensor([cache.examples[i].target for i in idx], device=logits.device)
-                correct += int((logits.argmax(-1) == target).sum())
-            out.loc[a, b] = correct / len(cache)
+        data = patch_data(model, tasks[b], split, max_items)
+        acc = patch_accuracy(model, data, adapters[b].t, [adapters[a].alpha for a in names], patch_cache(model, data))
+        out[b] = acc.tolist()
     return out

@@ -25,15 +25,19 @@ patching the reference's own head set gives 1 exactly.
 
     df = head_patching_sweep(model, task, adapter)        # tidy DataFrame
 
-``generic_head_patch`` is the one routine; ``patch_top_k``, ``patch_bottom_k``
-and ``patch_random_k`` are thin variants that choose the head sets.
+``generic_head_patch`` is the one gate -> logits -> metric routine, the metric an
+argument; ``patch_scores``, ``patch_accuracy`` and ``site_reference`` are thin
+variants that fix the metric (or the gate), ``patch_top_k``, ``patch_bottom_k``
+and ``patch_random_k`` the ones that choose the head sets. (CIE, ``stages.cie``,
+runs the other way round: one prompt's prefix against every head's gate as the
+rows of one batch.)
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,13 +47,18 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..engine.prompt_cache import PromptCache
+from ..metrics import answer_probability, first_token_accuracy
 from ..models.engines import Model
 from ..stages.embeddings import last_token_z
+from ..stats import top_k_mask
 from ..tasks import Task, sample_icl_prompts, zero_shot_prompts
-from ..tokens import Example, answer_ids, encode
+from ..tokens import Example, encode, make_examples
 
 log = logging.getLogger(__name__)
 HeadMask = Bool[Tensor, "layer head_index"]
+Gate = Float[Tensor, "layer head_index"] | HeadMask  # SITE's alpha; a mask is alpha 1 on its heads, 0 elsewhere
+# last-token logits of every prompt (float32, in the prompts' order) and the answers' first tokens -> score(s)
+Metric = Callable[[Float[Tensor, "prompt d_vocab"], Int[Tensor, " prompt"]], float | Tensor]
 
 
 # ---------------------------------------------------------------- head sets
@@ -57,14 +66,12 @@ HeadMask = Bool[Tensor, "layer head_index"]
 
 def top_k_heads(alpha: Float[Tensor, "layer head_index"], k: int) -> HeadMask:
     """Mask of the k heads with the largest alpha (ties broken by index)."""
-    idx = torch.argsort(alpha.detach().flatten().cpu(), descending=True, stable=True)[:k]
-    return _mask_from(idx, alpha.shape)
+    return top_k_mask(alpha, k)
 
 
 def bottom_k_heads(alpha: Float[Tensor, "layer head_index"], k: int) -> HeadMask:
     """Mask of the k heads with the smallest alpha (ties broken by index)."""
-    idx = torch.argsort(alpha.detach().flatten().cpu(), descending=False, stable=True)[:k]
-    return _mask_from(idx, alpha.shape)
+    return top_k_mask(alpha, k, largest=False)
 
 
 def random_k_heads(shape: Sequence[int], k: int, rng: random.Random, exclude: HeadMask | None = None) -> HeadMask:
@@ -74,12 +81,8 @@ def random_k_heads(shape: Sequence[int], k: int, rng: random.Random, exclude: He
     if exclude is not None:
         rest = [i for i in pool if not bool(exclude.flatten()[i])]
         pool = rest if len(rest) >= k else pool
-    return _mask_from(torch.tensor(sorted(rng.sample(pool, k)), dtype=torch.long), shape)
-
-
-def _mask_from(flat_idx: Tensor, shape) -> HeadMask:
-    m = torch.zeros(int(shape[0]) * int(shape[1]), dtype=torch.bool)
-    m[flat_idx] = True
+    m = torch.zeros(n, dtype=torch.bool)
+    m[sorted(rng.sample(pool, k))] = True
     return m.view(int(shape[0]), int(shape[1]))
 
 
@@ -115,9 +118,9 @@ def patch_data(
 ) -> PatchData:
     """Zero-shot prompts of ``split`` (first ``max_items``); with ``per_query``, also their N-shot clean z."""
     pairs = task.split(split)[:max_items]
-    zs = zero_shot_prompts(pairs)
-    tokens = encode(model, [p for p, _ in zs])
-    targets = torch.tensor([answer_ids(model, p, a)[0] for p, a in zs])
+    examples = make_examples(model, zero_shot_prompts(pairs))
+    tokens = [e.tokens for e in examples]
+    targets = torch.tensor([e.target for e in examples])
     clean = None
     if per_query:
         icl = sample_icl_prompts(task.train, 0, n_shots, random.Random(seed + 1), queries=pairs)
@@ -133,29 +136,32 @@ def generic_head_patch(
     model: Model,
     data: PatchData,
     source: Float[Tensor, "layer head_index d_head"] | Float[Tensor, "prompt layer head_index d_head"],
-    masks: Sequence[HeadMask],
+    gates: Sequence[Gate],
+    metric: Metric,
     cache: PromptCache | None = None,
-) -> tuple[Float[Tensor, " cond"], Float[Tensor, " cond"]]:
-    """(accuracy, mean answer probability) with ``source`` replacing hook_z at the last token of each mask's heads.
+) -> Float[Tensor, " gate *score"]:
+    """``metric(logits, targets)`` with ``source`` gated into hook_z at the last token, one row per gate.
 
-    Replacing is SITE's gate with alpha = 1 on the mask's heads and 0 elsewhere; ``source`` is
-    one activation for every prompt or one per prompt. Only the last token is patched, so each
-    prompt's prefix is cached once (``cache``, built here if not given) and every condition
-    runs one token per prompt.
+    A gate is SITE's alpha: a head mask replaces its heads' z by ``source`` (alpha 1 there, 0
+    elsewhere), a soft alpha mixes it in. ``source`` is one activation for every prompt or one
+    per prompt. The metric gets every prompt's last-token logits (float32, in the prompts'
+    order) and the answers' first tokens, and returns a number or a tensor of them. Only the
+    last token is patched, so each prompt's prefix is cached once (``cache``:
+    ``patch_cache(model, data)``, built here if not given) and every gate runs one token per prompt.
     """
     dev, dt = model.cfg.device, model.cfg.dtype
     cache = cache or patch_cache(model, data)
     src = source.to(device=dev, dtype=dt)
-    acc, prob = torch.zeros(len(masks)), torch.zeros(len(masks))
-    for c, mask in enumerate(masks):
-        m = mask.to(device=dev, dtype=dt)
-        for idx, logits in cache.logits(range(len(cache)), m, src):
-            target = data.targets[idx].to(dev)
-            logits = logits.float()
-            acc[c] += float((logits.argmax(-1) == target).sum())
-            prob[c] += float(logits.softmax(-1)[torch.arange(len(idx), device=dev), target].sum())
-    n = len(data.tokens)
-    return acc / n, prob / n
+    targets = data.targets.to(dev)
+    scores = []
+    for gate in gates:
+        parts = cache.logits(range(len(cache)), gate.to(device=dev, dtype=dt), src)
+        order = torch.tensor([i for idx, _ in parts for i in idx], device=dev)
+        grouped = torch.cat([lg for _, lg in parts]).float()  # (prompt, d_vocab), grouped by prefix length
+        logits = torch.empty_like(grouped)
+        logits[order] = grouped  # in the prompts' order
+        scores.append(torch.as_tensor(metric(logits, targets), dtype=torch.float64))
+    return torch.stack(scores)
 
 
 def patch_cache(model: Model, data: PatchData) -> PromptCache:
@@ -163,7 +169,27 @@ def patch_cache(model: Model, data: PatchData) -> PromptCache:
     return PromptCache(model, [Example(list(t), int(y)) for t, y in zip(data.tokens, data.targets)])
 
 
-@torch.inference_mode()
+def accuracy_and_probability(logits: Float[Tensor, "prompt d_vocab"], targets: Int[Tensor, " prompt"]) -> Tensor:
+    """(first-token accuracy, mean probability of the answer's first token): both from one patched run."""
+    acc, prob = first_token_accuracy(logits, targets), answer_probability(logits, targets)
+    return torch.tensor([acc, prob], dtype=torch.float64)
+
+
+def patch_scores(
+    model: Model, data: PatchData, source: Tensor, gates: Sequence[Gate], cache: PromptCache | None = None
+) -> tuple[Float[Tensor, " gate"], Float[Tensor, " gate"]]:
+    """(accuracy, mean answer probability) per gate: ``generic_head_patch`` with ``accuracy_and_probability``."""
+    scores = generic_head_patch(model, data, source, gates, accuracy_and_probability, cache)
+    return scores[:, 0], scores[:, 1]
+
+
+def patch_accuracy(
+    model: Model, data: PatchData, source: Tensor, gates: Sequence[Gate], cache: PromptCache | None = None
+) -> Float[Tensor, " gate"]:
+    """First-token accuracy per gate: ``generic_head_patch`` with ``metrics.first_token_accuracy``."""
+    return generic_head_patch(model, data, source, gates, first_token_accuracy, cache)
+
+
 def site_reference(
     model: Model,
     data: PatchData,
@@ -172,15 +198,8 @@ def site_reference(
     cache: PromptCache | None = None,
 ) -> tuple[float, float]:
     """(accuracy, mean answer probability) with full SITE injected (soft alpha)."""
-    dev, dt = model.cfg.device, model.cfg.dtype
-    cache = cache or patch_cache(model, data)
-    correct, total = 0.0, 0.0
-    for idx, logits in cache.logits(range(len(cache)), alpha.to(device=dev, dtype=dt), t.to(device=dev, dtype=dt)):
-        target = data.targets[idx].to(dev)
-        logits = logits.float()
-        correct += float((logits.argmax(-1) == target).sum())
-        total += float(logits.softmax(-1)[torch.arange(len(idx), device=dev), target].sum())
-    return correct / len(data.tokens), total / len(data.tokens)
+    acc, prob = patch_scores(model, data, t, [alpha], cache)
+    return float(acc[0]), float(prob[0])
 
 
 def normalised_recovery(value, low: float, high: float):
@@ -203,27 +222,27 @@ def _rows(condition: str, ks: Sequence[int], masks, acc, prob, draw: int = 0) ->
     ]
 
 
-def patch_top_k(model, data: PatchData, source, alpha, ks: Sequence[int]) -> pd.DataFrame:
+def patch_top_k(model, data: PatchData, source, alpha, ks: Sequence[int], cache=None) -> pd.DataFrame:
     """Patch the source into the top-k heads by alpha, for each k."""
     masks = [top_k_heads(alpha, k) for k in ks]
-    return pd.DataFrame(_rows("top", ks, masks, *generic_head_patch(model, data, source, masks)))
+    return pd.DataFrame(_rows("top", ks, masks, *patch_scores(model, data, source, masks, cache)))
 
 
-def patch_bottom_k(model, data: PatchData, source, alpha, ks: Sequence[int]) -> pd.DataFrame:
+def patch_bottom_k(model, data: PatchData, source, alpha, ks: Sequence[int], cache=None) -> pd.DataFrame:
     """Patch the source into the bottom-k heads by alpha, for each k."""
     masks = [bottom_k_heads(alpha, k) for k in ks]
-    return pd.DataFrame(_rows("bottom", ks, masks, *generic_head_patch(model, data, source, masks)))
+    return pd.DataFrame(_rows("bottom", ks, masks, *patch_scores(model, data, source, masks, cache)))
 
 
 def patch_random_k(
-    model, data: PatchData, source, alpha, ks: Sequence[int], draws: int = 5, seed: int = 0
+    model, data: PatchData, source, alpha, ks: Sequence[int], draws: int = 5, seed: int = 0, cache=None
 ) -> pd.DataFrame:
     """Patch the source into k uniformly random heads, ``draws`` draws per k."""
     rng = random.Random(seed)
     rows = []
     for d in range(draws):
         masks = [random_k_heads(alpha.shape, k, rng) for k in ks]
-        rows += _rows("random", ks, masks, *generic_head_patch(model, data, source, masks), draw=d)
+        rows += _rows("random", ks, masks, *patch_scores(model, data, source, masks, cache), draw=d)
     return pd.DataFrame(rows)
 
 
@@ -253,9 +272,10 @@ def head_patching_sweep(
     src = t if source == "mean" else data.clean_z
     total = alpha.numel()
     ks = list(ks or k_sweep(total))
+    cache = patch_cache(model, data)
     none = torch.zeros_like(alpha, dtype=torch.bool)
-    acc0, prob0 = generic_head_patch(model, data, src, [none, ~none])
-    site_acc, site_prob = site_reference(model, data, t, alpha)
+    acc0, prob0 = patch_scores(model, data, src, [none, ~none], cache)
+    site_acc, site_prob = site_reference(model, data, t, alpha, cache)
     base = pd.DataFrame(
         [
             {"condition": "zero_shot", "k": 0, "draw": 0, "acc": float(acc0[0]), "prob": float(prob0[0]), "n_heads": 0},
@@ -273,9 +293,9 @@ def head_patching_sweep(
     df = pd.concat(
         [
             base,
-            patch_top_k(model, data, src, alpha, ks),
-            patch_bottom_k(model, data, src, alpha, ks),
-            patch_random_k(model, data, src, alpha, ks, draws, seed),
+            patch_top_k(model, data, src, alpha, ks, cache),
+            patch_bottom_k(model, data, src, alpha, ks, cache),
+            patch_random_k(model, data, src, alpha, ks, draws, seed, cache),
         ],
         ignore_index=True,
     )

@@ -49,9 +49,9 @@ def entry_path(cache_dir: Path, name: str, digest: str) -> Path:
 def fingerprint(path: Path) -> dict[str, Any]:
     """Size and header hash of a safetensors file: catches truncation, swaps and header damage.
 
-    Hashing the whole file (~680 MB for SmolLM2) would also catch flipped bytes
-    in the tensor data but costs ~1 s per load; the header (names, dtypes,
-    shapes, offsets) costs nothing to hash.
+    Hashing the whole file would also catch flipped bytes in the tensor data,
+    but reads every weight on every load; the header (names, dtypes, shapes,
+    offsets) is small and read anyway.
     """
     size = path.stat().st_size
     with open(path, "rb") as f:

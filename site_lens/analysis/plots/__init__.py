@@ -21,7 +21,7 @@ Print size, one rule for every figure (``theme.py``):
 
 ``save_figure`` writes interactive HTML always, and PNG when a static exporter
 (kaleido + a Chromium) is available. The HTML opens offline: it loads plotly.js from
-one ``plotly.min.js`` written next to it (about 4.8 MB once per folder, rather than
+one ``plotly.min.js`` written next to it (once per folder, rather than
 in every file or from a CDN).
 """
 

@@ -10,8 +10,9 @@ the notebook runs end to end with the exercises unfilled, unless the
 environment variable ``SITE_LENS_TEACHING_STRICT=1`` is set: then a check that
 does not pass raises ``ExerciseFailed`` (the tests run the notebook with the
 solutions filled in that way). ``reference(name)`` is the package's
-implementation of exercise ``name`` with the exercise's signature; ``fallback``
-hands it out in place of a function whose check did not pass.
+implementation of exercise ``name`` with the exercise's signature
+(``teaching.references``); ``fallback`` hands it out in place of a function
+whose check did not pass.
 
 Only torch and jaxtyping are imported here; the stages are imported when a
 check runs.
@@ -19,7 +20,6 @@ check runs.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,18 +28,25 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-log = logging.getLogger(__name__)
+from . import references as ref
+from .references import EXERCISES, fallback, reference
+
+__all__ = [
+    "EXERCISES",
+    "STRICT_ENV",
+    "ExerciseFailed",
+    "check_attn_out_from_z",
+    "check_gate_hook",
+    "check_generate_with_injection",
+    "check_mean_hook_z",
+    "check_patch_heads",
+    "check_site_loss",
+    "check_train_theta",
+    "fallback",
+    "reference",
+]
 
 STRICT_ENV = "SITE_LENS_TEACHING_STRICT"  # "1": a check that does not pass raises ExerciseFailed
-EXERCISES = (  # in the notebook's order; each has check_<name> here and a function <name> in the solutions
-    "attn_out_from_z",
-    "mean_hook_z",
-    "gate_hook",
-    "site_loss",
-    "train_theta",
-    "generate_with_injection",
-    "patch_heads",
-)
 
 
 class ExerciseFailed(AssertionError):
@@ -129,106 +136,6 @@ def _close(what: str, got: Any, want: Tensor, atol: float, rtol: float = 0.0) ->
     return float(diff.max()) if diff.numel() else 0.0
 
 
-# ---------------------------------------------------------------- the package's implementations, with the exercises' signatures
-
-
-def _ref_attn_out_from_z(z: Tensor, W_O: Tensor, b_O: Tensor) -> Tensor:
-    """The attention layer's output: each head's z through its slice of W_O, summed over heads, plus b_O."""
-    return torch.einsum("bphd,hdm->bpm", z, W_O) + b_O
-
-
-def _ref_mean_hook_z(model, prompts: Sequence[Sequence[int]]) -> Tensor:
-    """``embeddings.build_task_embedding`` on token-id prompts."""
-    from .stages.embeddings import build_task_embedding
-
-    return build_task_embedding(model, prompts)
-
-
-def _ref_gate_hook(z: Tensor, hook, t_layer: Tensor, alpha_layer: Tensor) -> Tensor:
-    """``gate.gate_hook`` at the last position."""
-    from .gate import gate_hook
-
-    return gate_hook(z, hook, t=t_layer, alpha=alpha_layer, pos=-1)
-
-
-def _ref_site_loss(model, theta: Tensor, t: Tensor, tokens: Tensor, target: int) -> Tensor:
-    """``training.first_token_loss`` of one prompt with t injected by alpha = sigmoid(theta) (differentiable in theta)."""
-    from .gate import injection_hooks
-    from .stages.training import first_token_loss
-    from .tokens import Example
-
-    example = Example([int(i) for i in tokens[0]], int(target))
-    alpha = torch.sigmoid(theta)
-    return first_token_loss(model, [example], prefill=lambda last: injection_hooks(model, t, alpha, last), batch_size=1)
-
-
-def _ref_train_theta(model, t: Tensor, examples: Sequence, plan: Sequence[Sequence[int]], lr: float = 0.2):
-    """``training.train_loop`` on an ``AlphaGate`` with the fast (cached-prefix) loss, following ``plan``."""
-    from .engine.prompt_cache import PromptCache
-    from .gate import AlphaGate
-    from .stages.training import frozen, train_loop
-
-    gate = AlphaGate(model.cfg.n_layers, model.cfg.n_heads)
-    t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
-    with frozen(model):
-        cache = PromptCache(model, list(examples))
-        hist = train_loop(
-            [gate.theta], plan, lambda b: cache.loss(b, gate.alpha(), t), None, lr=lr, eval_every=0, keep_best=False
-        )
-    return gate.theta.detach(), hist.loss
-
-
-def _ref_generate_with_injection(
-    model, tokens: Sequence[int], t: Tensor, alpha: Tensor, max_new_tokens: int
-) -> list[int]:
-    """``generate.generate_greedy`` with the injection hooks at prefill, never stopping early."""
-    from .engine.generate import generate_greedy
-    from .gate import injection_hooks
-
-    out, _ = generate_greedy(
-        model,
-        [list(tokens)],
-        max_new_tokens=max_new_tokens,
-        prefill_hooks=lambda last: injection_hooks(model, t, alpha, last),
-        stop_ids=set(),
-    )
-    return out[0]
-
-
-def _ref_patch_heads(model, prompts: Sequence[Sequence[int]], targets: Sequence[int], t: Tensor, alpha: Tensor):
-    """``patching.site_reference``: (accuracy, mean P(answer's first token)) with t mixed in by alpha."""
-    from .analysis.patching import PatchData, site_reference
-
-    data = PatchData([list(p) for p in prompts], torch.tensor([int(y) for y in targets]))
-    return site_reference(model, data, t, alpha)
-
-
-_REFERENCES: dict[str, Callable] = {
-    "attn_out_from_z": _ref_attn_out_from_z,
-    "mean_hook_z": _ref_mean_hook_z,
-    "gate_hook": _ref_gate_hook,
-    "site_loss": _ref_site_loss,
-    "train_theta": _ref_train_theta,
-    "generate_with_injection": _ref_generate_with_injection,
-    "patch_heads": _ref_patch_heads,
-}
-
-
-def reference(name: str) -> Callable:
-    """The package's implementation of exercise ``name``, with the exercise's signature."""
-    if name not in _REFERENCES:
-        raise KeyError(f"no exercise '{name}'; the exercises are {', '.join(EXERCISES)}")
-    return _REFERENCES[name]
-
-
-def fallback(fn: Callable, passed: bool) -> Callable:
-    """``fn`` if its check passed, else the reference of the same name (so later cells still run)."""
-    if passed:
-        return fn
-    log.info("using the reference implementation of %s", fn.__name__)
-    return reference(fn.__name__)
-
-
 # ---------------------------------------------------------------- one check per exercise
 
 
@@ -256,7 +163,7 @@ def check_mean_hook_z(fn: Callable, model, prompts: Sequence[Sequence[int]]) -> 
 
     def body() -> str:
         got = _mine(fn, model, prompts, model=model)
-        err = _close("the task embedding", got, _ref_mean_hook_z(model, prompts), atol=1e-4, rtol=1e-4)
+        err = _close("the task embedding", got, ref.mean_hook_z(model, prompts), atol=1e-4, rtol=1e-4)
         return f"matches site_lens.build_task_embedding on {len(prompts)} prompts (max |diff| {err:.1e})"
 
     return _run("mean_hook_z", body)
@@ -278,7 +185,7 @@ def check_gate_hook(fn: Callable, n_heads: int = 4, d_head: int = 8) -> bool:
         got = _mine(fn, z_in, hook, t_layer=t_layer, alpha_layer=a_mine)
         if not torch.equal(z_in, z):
             raise _Differs("it changed z in place; build a new tensor (autograd needs the old z for alpha's gradient)")
-        want = _ref_gate_hook(z, hook, t_layer, a_ref)
+        want = ref.gate_hook(z, hook, t_layer, a_ref)
         if isinstance(got, Tensor) and got.shape == want.shape and not torch.allclose(got[:, :-1], z[:, :-1]):
             raise _Differs("it changed positions before the last one; SITE edits the last prompt token only")
         err = _close("the gated z", got, want, atol=1e-6, rtol=1e-5)
@@ -293,14 +200,14 @@ def check_site_loss(
     fn: Callable, model, t: Float[Tensor, "layer head_index d_head"], tokens: Tensor, target: int
 ) -> bool:
     """Does ``fn(model, theta, t, tokens, target)`` give the package's first-token loss, and its gradient in theta?"""
-    from .stages.training import frozen
+    from ..stages.training import frozen
 
     def body() -> str:
         theta = torch.randn(model.cfg.n_layers, model.cfg.n_heads, generator=torch.Generator().manual_seed(1))
         th_mine, th_ref = theta.clone().requires_grad_(), theta.clone().requires_grad_()
         with frozen(model):
             got = _mine(fn, model, th_mine, t, tokens, target, model=model)
-            want = _ref_site_loss(model, th_ref, t, tokens, target)
+            want = ref.site_loss(model, th_ref, t, tokens, target)
             if isinstance(got, Tensor) and got.numel() == 1:
                 got = got.reshape(())
             err = _close("the loss", got, want, atol=1e-4, rtol=1e-4)
@@ -319,9 +226,9 @@ def check_train_theta(
     lr: float = 0.2,
 ) -> bool:
     """Does ``fn(model, t, examples, plan, lr)`` follow ``AlphaTrainer.fit`` (batch 1, no validation) step for step?"""
-    from .config import SelectionConfig
-    from .stages.selection import AlphaTrainer
-    from .stages.training import schedule
+    from ..config import SelectionConfig
+    from ..stages.selection import AlphaTrainer
+    from ..stages.training import schedule
 
     def body() -> str:
         plan = schedule(len(examples), steps, 1, seed=0)  # AlphaTrainer's own plan for seed 0
@@ -367,7 +274,7 @@ def check_generate_with_injection(
                 got = [int(x) for x in (got.flatten().tolist() if isinstance(got, Tensor) else got)]
             except (TypeError, ValueError) as e:
                 raise _Differs(f"it should return a list of token ids ({e})") from None
-            want = _ref_generate_with_injection(model, p, t, alpha, max_new_tokens)
+            want = ref.generate_with_injection(model, p, t, alpha, max_new_tokens)
             if got != want:
                 i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
                 raise _Differs(
@@ -389,7 +296,7 @@ def check_patch_heads(
     k: int = 4,
 ) -> bool:
     """Does ``fn(model, prompts, targets, t, alpha)`` give ``patching``'s (accuracy, P(answer)), hard and soft alpha?"""
-    from .analysis.patching import top_k_heads
+    from ..analysis.patching import top_k_heads
 
     def body() -> str:
         hard = top_k_heads(alpha, k).float()
@@ -397,7 +304,7 @@ def check_patch_heads(
             got = _mine(fn, model, prompts, targets, t, a, model=model)
             if not (isinstance(got, tuple) and len(got) == 2):
                 raise _Differs(f"it should return (accuracy, mean probability), got {type(got).__name__}")
-            want = _ref_patch_heads(model, prompts, targets, t, a)
+            want = ref.patch_heads(model, prompts, targets, t, a)
             for name, g, w in zip(("accuracy", "mean probability"), got, want):
                 try:
                     g = float(g)
