@@ -86,7 +86,7 @@ class SparseTrainer(AlphaTrainer):
 class SparseFit:
     """One sparse-SITE point: its gate (as an adapter), the binary mask, and how it was trained."""
 
-    adapter: Adapter  # meta['gate'] says how theta becomes alpha
+    adapter: Adapter  # its gate says how theta becomes alpha
     sparsity: SparsityConfig
     history: TrainHistory
     seconds: float
@@ -102,8 +102,7 @@ class SparseFit:
     def mask_adapter(self, threshold: float | None = None) -> Adapter:
         """An adapter injecting t into exactly the mask's heads (alpha 1 there, 0 elsewhere)."""
         thr = self.sparsity.threshold if threshold is None else threshold
-        spec = {"kind": "mask", "threshold": thr, "of": self.adapter.meta.get("gate")}
-        return Adapter(self.adapter.t, self.adapter.theta, self.adapter.model, {**self.adapter.meta, "gate": spec})
+        return dataclasses.replace(self.adapter, gate=dataclasses.replace(self.adapter.gate, threshold=thr))
 
     def summary(self) -> dict:
         """Weight, penalty, heads with alpha > 0.5, heads with alpha > 0, heads in the mask."""
@@ -163,9 +162,9 @@ def fit_sparse(
             "embedding": cfg.embedding.to_dict(),
             "selection": cfg.selection.to_dict(),
             "sparsity": sparsity.to_dict(),
-            "gate": gate.spec(),
             "history": trainer.history.to_dict(),
         },
+        gate=gate.spec(),
     )
     return SparseFit(adapter, sparsity, trainer.history, seconds)
 
