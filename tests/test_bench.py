@@ -97,13 +97,18 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
 
 def test_run_and_bench_give_the_same_rows(data, tmp_path):
     """``run`` and ``bench`` on one (task, seed) and settings: equal scores, predictions and fits."""
-    from helpers import tiny
+    from helpers import char_tokenizer, tiny
 
     from site_lens.config import SelectionConfig
     from site_lens.experiments.run import RUN_METHODS, run_task
+    from site_lens.models.bridge import tiny_bridge
+    from site_lens.models.engines import HOOKED
     from site_lens.tasks import load_task
 
-    model = tiny(n_ctx=256)
+    if HOOKED is None:  # TransformerLens 4: the bridge engine
+        model = tiny_bridge("llama", char_tokenizer(), name="tiny", max_position_embeddings=256)
+    else:
+        model = tiny(n_ctx=256)
     cfg = SiteConfig(
         seed=1,
         embedding=SMALL_EMBEDDING,
