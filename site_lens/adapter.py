@@ -1,7 +1,8 @@
 """Adapter save/load: a folder with cfg.json and adapter.safetensors (t and theta).
 
 cfg.json records what the numbers depend on: the model's identity and shape,
-its TransformerLens loading flags, M, N, the seed and the training config.
+its TransformerLens loading flags, the gate (how theta becomes alpha), M, N,
+the seed and the training config.
 Loading checks all of that against the model it is meant for; only JSON and
 safetensors are read (no pickle).
 """
@@ -22,7 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .gate import Hooks, alpha_from_theta, injection_hooks
+from .gate import GateSpec, Hooks, injection_hooks
 from .locks import owner_tag
 
 CFG_FILE = "cfg.json"
@@ -67,11 +68,12 @@ class Adapter:
     theta: Float[Tensor, "layer head_index"]
     model: dict[str, Any]  # models.model_identity(...)
     meta: dict[str, Any] = field(default_factory=dict)  # task, seed, M, N, selection config, ...
+    gate: GateSpec = field(default_factory=GateSpec)  # SITE's sigmoid; sparse SITE's hard-concrete gates and masks
 
     @property
     def alpha(self) -> Float[Tensor, "layer head_index"]:
-        """sigmoid(theta) for SITE; sparse adapters record another gate in ``meta['gate']`` (``gate.alpha_from_theta``)."""
-        return alpha_from_theta(self.theta, self.meta.get("gate"))
+        """The gate's alpha for theta: sigmoid(theta) for SITE (``gate.GateSpec``)."""
+        return self.gate.alpha(self.theta)
 
     def hooks(self, model, pos: Tensor | int = -1) -> Hooks:
         """Injection hooks for ``model`` (t and alpha on its device and in its dtype) at position ``pos`` of each row."""
@@ -121,7 +123,8 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
             str(tmp / WEIGHTS_FILE),
         )
         digest = hashlib.sha256((tmp / WEIGHTS_FILE).read_bytes()).hexdigest()  # a few kB: free
-        cfg = {"format": FORMAT, "model": adapter.model, "meta": adapter.meta, "weights_sha256": digest}
+        cfg = {"format": FORMAT, "model": adapter.model, "gate": adapter.gate.to_dict(), "meta": adapter.meta}
+        cfg["weights_sha256"] = digest
         (tmp / CFG_FILE).write_text(json.dumps(cfg, indent=1, sort_keys=True))
         if path.exists():
             old = path.with_name(f".{path.name}.old")
@@ -177,11 +180,13 @@ def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None)
         raise AdapterError(f"{w_path}: expected float32 tensors, got t {t.dtype} and theta {theta.dtype}")
     if not (torch.isfinite(t).all() and torch.isfinite(theta).all()):
         raise AdapterError(f"{w_path}: t or theta holds non-finite values")
-    adapter = Adapter(t=t, theta=theta, model=m, meta=cfg.get("meta", {}))
+    meta = dict(cfg.get("meta", {}))
+    recorded = cfg.get("gate", meta.pop("gate", None))  # folders written before the gate field keep it in meta
     try:
-        _ = adapter.alpha  # reads meta["gate"]
+        adapter = Adapter(t=t, theta=theta, model=m, meta=meta, gate=GateSpec.from_dict(recorded))
+        _ = adapter.alpha  # the gate's numbers are numbers
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise AdapterError(f"{cfg_path}: meta.gate is not a gate this version reads ({e})") from None
+        raise AdapterError(f"{cfg_path}: gate is not a gate this version reads ({e})") from None
     if model_identity is not None:
         adapter.check_model(model_identity)
     return adapter

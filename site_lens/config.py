@@ -38,7 +38,9 @@ class _Config:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**d)
+        # nested configs (SiteConfig's stages) from their dicts; a null one takes its defaults
+        parts = {f.name: f.default_factory for f in fields(cls) if f.default_factory in _Config.__subclasses__()}  # type: ignore[arg-type]
+        return cls(**{k: parts[k].from_dict(v or {}) if k in parts else v for k, v in d.items()})
 
 
 @dataclass
@@ -135,20 +137,9 @@ class SiteConfig(_Config):
     """Everything one SITE run depends on."""
 
     seed: int = 0  # seeds every draw: stage-1 prompts, training order, ICL demonstrations
-    embedding: EmbeddingConfig | None = None
-    selection: SelectionConfig | None = None
-    eval: EvalConfig | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.embedding, dict):
-            self.embedding = EmbeddingConfig.from_dict(self.embedding)
-        if isinstance(self.selection, dict):
-            self.selection = SelectionConfig.from_dict(self.selection)
-        if isinstance(self.eval, dict):
-            self.eval = EvalConfig.from_dict(self.eval)
-        self.embedding = self.embedding or EmbeddingConfig()
-        self.selection = self.selection or SelectionConfig()
-        self.eval = self.eval or EvalConfig()
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 # ---------------------------------------------------------------- command-line flags
@@ -189,7 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
     group = parser.add_argument_group(title or cls.__name__)
     helps = field_help(cls)
     for f in fields(cls):
-        if f.type in ("EmbeddingConfig | None", "SelectionConfig | None", "EvalConfig | None"):
+        if f.type in ("EmbeddingConfig", "SelectionConfig", "EvalConfig"):  # SiteConfig's parts: their own groups
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
         # other names of the flag, e.g. --limit for --max-test (lm-evaluation-harness's name)

@@ -16,9 +16,12 @@ Patching a head is the same mix with alpha in {0, 1}.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -64,9 +67,9 @@ class AlphaGate(nn.Module):
         """How many heads the gate opens, differentiably: the L1 norm of alpha (alpha >= 0)."""
         return self.alpha().sum()
 
-    def spec(self) -> dict | None:
-        """How an adapter turns this gate's theta into alpha (``alpha_from_theta``); None: sigmoid."""
-        return None
+    def spec(self) -> GateSpec:
+        """How an adapter turns this gate's theta into alpha."""
+        return GateSpec()
 
 
 class HardConcreteGate(AlphaGate):
@@ -105,8 +108,8 @@ class HardConcreteGate(AlphaGate):
     def open_heads(self) -> Tensor:
         return torch.sigmoid(self.theta - self.beta * math.log(-self.low / self.high)).sum()
 
-    def spec(self) -> dict:
-        return {"kind": "hard_concrete", "low": self.low, "high": self.high}
+    def spec(self) -> GateSpec:
+        return GateSpec("hard_concrete", self.low, self.high)
 
 
 def stretch_clip(s: Tensor, low: float, high: float) -> Tensor:
@@ -114,24 +117,47 @@ def stretch_clip(s: Tensor, low: float, high: float) -> Tensor:
     return (s * (high - low) + low).clamp(0.0, 1.0)
 
 
-GATE_KINDS = ("sigmoid", "hard_concrete", "mask")
+GATE_KINDS = ("sigmoid", "hard_concrete")
 
 
-def alpha_from_theta(
-    theta: Float[Tensor, "layer head_index"], spec: dict | None = None
-) -> Float[Tensor, "layer head_index"]:
-    """alpha for saved gate logits: sigmoid (SITE, ``spec`` None), a hard-concrete gate, or a binary mask of either.
+@dataclass(frozen=True)
+class GateSpec:
+    """How a saved gate's theta becomes alpha: SITE's sigmoid or a hard-concrete gate, or a binary mask of either.
 
-    ``{"kind": "mask", "threshold": x, "of": inner}`` is 1 where the inner gate's alpha exceeds x, else 0.
+    ``alpha(theta)`` is sigmoid(theta), or for ``hard_concrete`` sigmoid(theta) stretched to
+    (low, high) and clipped to [0, 1]; with a ``threshold`` it is 1 where that alpha exceeds the
+    threshold, else 0 (sparse SITE's masks).
     """
-    kind = "sigmoid" if spec is None else spec.get("kind")
-    if kind == "sigmoid":
-        return torch.sigmoid(theta)
-    if kind == "hard_concrete":
-        return stretch_clip(torch.sigmoid(theta), float(spec["low"]), float(spec["high"]))
-    if kind == "mask":
-        return (alpha_from_theta(theta, spec.get("of")) > float(spec["threshold"])).to(theta.dtype)
-    raise ValueError(f"unknown gate kind {kind!r}; known: {', '.join(GATE_KINDS)}")
+
+    kind: Literal["sigmoid", "hard_concrete"] = "sigmoid"
+    low: float = -0.1  # hard_concrete: the stretch interval (Louizos et al. 2018)
+    high: float = 1.1
+    threshold: float | None = None  # a binary mask of the gate at this alpha
+
+    def __post_init__(self) -> None:
+        if self.kind not in GATE_KINDS:
+            raise ValueError(f"unknown gate kind {self.kind!r}; known: {', '.join(GATE_KINDS)}")
+
+    def alpha(self, theta: Float[Tensor, "layer head_index"]) -> Float[Tensor, "layer head_index"]:
+        a = torch.sigmoid(theta)
+        if self.kind == "hard_concrete":
+            a = stretch_clip(a, self.low, self.high)
+        return a if self.threshold is None else (a > self.threshold).to(theta.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> GateSpec:
+        """``to_dict``'s form, or the older ``{"kind": "mask", "threshold": x, "of": inner}`` (None: sigmoid)."""
+        d = dict(d or {})
+        if d.get("kind") == "mask":
+            return dataclasses.replace(cls.from_dict(d.get("of")), threshold=float(d["threshold"]))
+        kind, unknown = d.get("kind", "sigmoid"), d.keys() - {f.name for f in dataclasses.fields(cls)}
+        if kind not in GATE_KINDS or unknown or (kind == "hard_concrete" and not {"low", "high"} <= d.keys()):
+            raise ValueError(f"{d} is no gate (kinds: {', '.join(GATE_KINDS)}; hard_concrete needs low and high)")
+        threshold = None if d.get("threshold") is None else float(d["threshold"])
+        return cls(kind, float(d.get("low", cls.low)), float(d.get("high", cls.high)), threshold)
 
 
 def gate_hook(

@@ -52,15 +52,15 @@ def _small_run_bench(*args, cfg, **kw):
 
 
 bench.run_bench = _small_run_bench
-_run_row = bench.run_row
+_fit_and_score = bench.fit_and_score
 
 
-def _slow_run_row(*args, **kw):
+def _slow_fit_and_score(*args, **kw):
     time.sleep(float(os.environ.get("SMALL_ROW_SECONDS", "0")))
-    return _run_row(*args, **kw)
+    return _fit_and_score(*args, **kw)
 
 
-bench.run_row = _slow_run_row
+bench.fit_and_score = _slow_fit_and_score
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -7,7 +7,7 @@ import random
 import string
 from pathlib import Path
 
-from site_lens.config import EmbeddingConfig, SelectionConfig
+from site_lens.config import EmbeddingConfig, SelectionConfig, SiteConfig
 from site_lens.methods import (
     I2CL,
     IA3,
@@ -22,6 +22,7 @@ from site_lens.methods import (
 )
 
 SMALL_EMBEDDING = EmbeddingConfig(n_prompts=4, n_shots=3)
+SMALL_SITE = SiteConfig(embedding=SMALL_EMBEDDING, selection=SelectionConfig(steps=6, eval_every=3, max_valid=4))
 SMALL_TRAIN = TrainConfig(steps=6, lr=0.05, batch_size=4, eval_every=3, max_valid=4)
 
 
@@ -30,7 +31,7 @@ def small_methods() -> dict:
     return {
         **METHODS,
         "icl": _icl,
-        "site": lambda: Site(SMALL_EMBEDDING, SelectionConfig(steps=6, eval_every=3, max_valid=4)),
+        "site": lambda: Site(SMALL_SITE),
         "fv": lambda: FunctionVector(k=3, n_cie_prompts=3, n_shots=3),
         "i2cl": lambda: I2CL(n_demos=3, train=SMALL_TRAIN),
         "mtv": lambda: MultimodalTaskVector(MTVConfig(steps=6, batch_size=4, eval_every=3)),
@@ -44,7 +45,7 @@ def small_methods() -> dict:
 
 
 _SMALL = {
-    "site": lambda: Site(SMALL_EMBEDDING, SelectionConfig(steps=6, eval_every=3, max_valid=4)),
+    "site": lambda: Site(SMALL_SITE),
     "i2cl": lambda: I2CL(n_demos=3, train=SMALL_TRAIN),
     "lora": lambda: LoRA(train=SMALL_TRAIN),
     "ia3": lambda: IA3(train=SMALL_TRAIN),

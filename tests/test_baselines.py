@@ -178,10 +178,10 @@ def test_fit_lowers_training_loss(model, task, name):
 
 
 def test_site_fit_lowers_training_loss(model, task):
-    from site_lens.config import SelectionConfig
+    from site_lens.config import SelectionConfig, SiteConfig
     from site_lens.methods import Site
 
-    m = Site(SMALL_EMBEDDING, SelectionConfig(steps=15, eval_every=0, keep_best=False))
+    m = Site(SiteConfig(embedding=SMALL_EMBEDDING, selection=SelectionConfig(steps=15, eval_every=0, keep_best=False)))
     m.fit(model, task, 0)
     train, _ = train_valid_examples(model, task)
     after = float(first_token_loss(model, train, prefill=m.prefill_hooks(model)))
@@ -226,7 +226,7 @@ def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
 def test_score_method_rows(model, task, fitted):
     for m in fitted.values():
         r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
-        assert r["n"] == 2 and 0 <= r["exact_match"] <= 1 and 0 <= r["first_token_acc"] <= 1
+        assert r["n_test"] == 2 and 0 <= r["exact_match"] <= 1 and 0 <= r["first_token_acc"] <= 1
 
 
 def test_function_vector_goes_through_the_post_attention_norm():

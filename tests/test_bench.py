@@ -95,6 +95,41 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
     assert [s["method"] for s in summary] == ["zero_shot", "ia3"] and all(s["n_tasks"] == "2" for s in summary)
 
 
+def test_run_and_bench_give_the_same_rows(data, tmp_path):
+    """``run`` and ``bench`` on one (task, seed) and settings: equal scores, predictions and fits."""
+    from helpers import char_tokenizer, tiny
+
+    from site_lens.config import SelectionConfig
+    from site_lens.experiments.run import RUN_METHODS, run_task
+    from site_lens.models.bridge import tiny_bridge
+    from site_lens.models.engines import HOOKED
+    from site_lens.tasks import load_task
+
+    if HOOKED is None:  # TransformerLens 4: the bridge engine
+        model = tiny_bridge("llama", char_tokenizer(), name="tiny", max_position_embeddings=256)
+    else:
+        model = tiny(n_ctx=256)
+    cfg = SiteConfig(
+        seed=1,
+        embedding=SMALL_EMBEDDING,
+        selection=SelectionConfig(steps=6, eval_every=3, max_valid=4),
+        eval=EvalConfig(max_test=3, max_new_tokens=3),
+    )
+    results, adapter = run_task(model, load_task("upper", data_dir=data), cfg)
+    rows = bench.run_bench(model, ["upper"], RUN_METHODS, [1], tmp_path / "out", data_dir=data, cfg=cfg)
+    timing = ("fit_seconds", "eval_seconds", "ms_per_query", "seconds")
+    untimed = lambda r: {k: untimed(v) if isinstance(v, dict) else v for k, v in r.items() if k not in timing}
+    for m in RUN_METHODS:
+        on_disk = json.loads(bench.row_path(tmp_path / "out", "upper", 1, m).read_text())
+        assert set(on_disk) - {"spec", "computed_by"} == set(results[m])  # one record, one set of names
+        assert untimed(results[m]) == untimed({k: on_disk[k] for k in results[m]})
+    assert {r["method"]: (r["first_token_acc"], r["n_test"]) for r in rows} == {
+        m: (results[m]["first_token_acc"], 3) for m in RUN_METHODS
+    }
+    assert results["site"]["info"]["best_step"] == adapter.meta["history"]["best_step"]
+    assert results["icl"]["predictions"] != results["zero_shot"]["predictions"]  # the rows differ by method
+
+
 def _row(task, method, em, category="abstractive"):
     return {
         "task": task,

@@ -161,7 +161,7 @@ def test_every_method_fits_and_scores_on_the_bridge(arch, tmp_path):
         m = make()
         m.fit(model, task, 0, ctx)
         r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
-        assert r["n"] == 2 and 0 <= r["exact_match"] <= 1, name
+        assert r["n_test"] == 2 and 0 <= r["exact_match"] <= 1, name
 
 
 def test_kv_cache_path_equals_the_full_forward(bridge):

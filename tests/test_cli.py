@@ -164,7 +164,7 @@ def test_run_then_predict_with_the_saved_adapter(tmp_path, monkeypatch, capsys):
     table = capsys.readouterr().out
     assert "SITE" in table and "[" in table  # scores with their interval
     res = json.loads((out / "results.json").read_text())
-    assert res["n_test"] == 3 and res["site"]["n"] == 3
+    assert res["n_test"] == 3 and res["site"]["n_test"] == 3
     inputs = tmp_path / "in.txt"
     inputs.write_text("a\n\nb\n")
     assert main(["predict", "--adapter", str(out / "adapter"), "--input", str(inputs), "--max-new-tokens", "2"]) == 0

@@ -63,3 +63,21 @@ def test_corrupt_adapters_give_clear_errors(model, tmp_path):
         load_adapter(tmp_path / "ad")
     with pytest.raises(AdapterError, match="not found"):
         load_adapter(tmp_path / "nothing")
+
+
+def test_site_config_round_trips_and_fills_missing_parts():
+    from site_lens.config import ConfigError, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+
+    cfg = SiteConfig(
+        seed=3, embedding=EmbeddingConfig(n_shots=4), selection=SelectionConfig(steps=9), eval=EvalConfig(max_test=None)
+    )
+    back = SiteConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg and isinstance(back.embedding, EmbeddingConfig)
+    # a saved config from before a part or a field existed, or with a null part: defaults fill it
+    assert SiteConfig.from_dict({"seed": 1, "embedding": None, "selection": {"steps": 9}}) == SiteConfig(
+        seed=1, selection=SelectionConfig(steps=9)
+    )
+    with pytest.raises(ConfigError, match=r"SiteConfig: unknown keys \['shots'\]"):
+        SiteConfig.from_dict({"shots": 3})
+    with pytest.raises(ConfigError, match=r"EmbeddingConfig: unknown keys \['shots'\]"):
+        SiteConfig.from_dict({"embedding": {"shots": 3}})

@@ -173,8 +173,8 @@ def test_site_seq_is_site_with_the_sequence_objective():
 
     cfg = SiteConfig()
     m = configured("site_seq", replace(cfg, selection=replace(cfg.selection, steps=7)))
-    assert (m.name, m.selection.objective, m.selection.steps) == ("site_seq", "sequence", 7)
-    assert configured("site", cfg).selection.objective == "first_token"
+    assert (m.name, m.cfg.selection.objective, m.cfg.selection.steps) == ("site_seq", "sequence", 7)
+    assert configured("site", cfg).cfg.selection.objective == "first_token"
     short = replace(cfg, selection=replace(cfg.selection, steps=7))
     assert bench.row_spec("m", short, "site_seq")["settings"] == {"selection.steps": 7}
     assert bench.row_spec("m", short, "site_opt")["settings"] == {
@@ -243,7 +243,7 @@ def test_site_opt_trains_on_the_letter(model, tmp_path):
         embedding=replace(SMALL_EMBEDDING, n_shots=2), selection=SelectionConfig(steps=4, eval_every=2, max_valid=4)
     )
     m = configured("site_opt", cfg)
-    assert (m.name, m.selection.objective) == ("site_opt", "option_token")
+    assert (m.name, m.cfg.selection.objective) == ("site_opt", "option_token")
     m.fit(model, task, 0)
     theta = m.adapter.theta
     assert not torch.allclose(theta, torch.zeros_like(theta))  # a gradient reached the gate through the letter

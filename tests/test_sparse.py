@@ -1,4 +1,6 @@
+import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -6,7 +8,7 @@ import torch
 from site_lens.adapter import AdapterError, load_adapter, save_adapter
 from site_lens.analysis.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
 from site_lens.config import ConfigError, SelectionConfig, SparsityConfig
-from site_lens.gate import AlphaGate, HardConcreteGate, alpha_from_theta
+from site_lens.gate import AlphaGate, GateSpec, HardConcreteGate
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import Task
 from site_lens.tokens import make_examples
@@ -80,7 +82,7 @@ def test_hard_concrete_gate():
     p_open = (draws > 0).float().mean(0)  # Monte Carlo P(gate != 0)
     expected = g.open_heads().detach()
     assert abs(float(p_open.sum()) - float(expected)) < 0.15
-    assert g.spec()["kind"] == "hard_concrete"
+    assert g.spec() == GateSpec("hard_concrete", -0.1, 1.1)
 
 
 def test_hard_concrete_theta_matches_a_dense_alpha():
@@ -91,15 +93,21 @@ def test_hard_concrete_theta_matches_a_dense_alpha():
     assert torch.allclose(g.alpha(), torch.sigmoid(theta), atol=1e-6)
 
 
-def test_alpha_from_theta_kinds():
+def test_gate_spec_kinds():
     theta = torch.tensor([[-3.0, 0.1, 4.0]])
-    assert torch.equal(alpha_from_theta(theta), torch.sigmoid(theta))
-    hc = {"kind": "hard_concrete", "low": -0.1, "high": 1.1}
-    assert alpha_from_theta(theta, hc)[0, 0] == 0 and alpha_from_theta(theta, hc)[0, 2] == 1
-    mask = alpha_from_theta(theta, {"kind": "mask", "threshold": 0.5, "of": None})
-    assert mask.tolist() == [[0.0, 1.0, 1.0]]
-    with pytest.raises(ValueError, match="unknown gate kind"):
-        alpha_from_theta(theta, {"kind": "nope"})
+    assert torch.equal(GateSpec().alpha(theta), torch.sigmoid(theta))
+    hc = GateSpec("hard_concrete", -0.1, 1.1)
+    assert hc.alpha(theta)[0, 0] == 0 and hc.alpha(theta)[0, 2] == 1
+    assert GateSpec(threshold=0.5).alpha(theta).tolist() == [[0.0, 1.0, 1.0]]
+    for spec in (GateSpec(), hc, GateSpec("hard_concrete", -0.2, 1.3, threshold=0.25)):
+        assert GateSpec.from_dict(spec.to_dict()) == spec
+    # the older form, kept in an adapter's meta: a mask wraps its gate
+    old = {"kind": "mask", "threshold": 0.5, "of": {"kind": "hard_concrete", "low": -0.1, "high": 1.1}}
+    assert GateSpec.from_dict(old) == GateSpec("hard_concrete", -0.1, 1.1, threshold=0.5)
+    assert GateSpec.from_dict({"kind": "mask", "threshold": 0.5, "of": None}) == GateSpec(threshold=0.5)
+    for bad in ({"kind": "nope"}, {"kind": "hard_concrete"}, {"kind": "sigmoid", "stretch": 2}):
+        with pytest.raises(ValueError, match="is no gate"):
+            GateSpec.from_dict(bad)
 
 
 def test_sparse_adapters_round_trip_and_bad_gate_is_refused(model, tmp_path):
@@ -109,11 +117,24 @@ def test_sparse_adapters_round_trip_and_bad_gate_is_refused(model, tmp_path):
     assert torch.equal(back.alpha, fit.alpha)
     masked = load_adapter(save_adapter(fit.mask_adapter(), tmp_path / "m"))
     assert torch.equal(masked.alpha.bool(), fit.mask())
-    bad = fit.adapter
-    bad.meta["gate"] = {"kind": "hard_concrete"}  # no stretch
-    save_adapter(bad, tmp_path / "bad")
-    with pytest.raises(AdapterError, match="meta.gate"):
-        load_adapter(tmp_path / "bad")
+    saved = {"kind": "hard_concrete", "low": -0.1, "high": 1.1, "threshold": None}
+    assert json.loads((path / "cfg.json").read_text())["gate"] == saved
+    assert back.gate == fit.adapter.gate and "gate" not in back.meta
+    # a folder written before the gate field: the gate in meta, a mask as {"kind": "mask", "of": ...}
+    old = json.loads((tmp_path / "m" / "cfg.json").read_text())
+    gate = old.pop("gate")
+    old["meta"]["gate"] = {"kind": "mask", "threshold": gate.pop("threshold"), "of": gate}
+    (tmp_path / "m" / "cfg.json").write_text(json.dumps(old))
+    assert torch.equal(load_adapter(tmp_path / "m").alpha, masked.alpha)
+    for bad in ({"kind": "hard_concrete"}, {"kind": "additive"}, {"kind": "sigmoid", "threshold": "x"}):
+        cfg = json.loads((path / "cfg.json").read_text())
+        cfg["gate"] = bad
+        (tmp_path / "bad").mkdir(exist_ok=True)
+        (tmp_path / "bad" / "cfg.json").write_text(json.dumps(cfg))
+        shutil.copy(path / "adapter.safetensors", tmp_path / "bad")
+        with pytest.raises(AdapterError, match="gate is not a gate this version reads") as e:
+            load_adapter(tmp_path / "bad")
+        assert len(str(e.value).splitlines()) == 1
 
 
 def test_sparse_path_is_warm_started_and_checks_weights(model):
@@ -157,5 +178,5 @@ def test_l0_needs_the_fast_path(model):
 
 def test_gate_defaults_are_site():
     g = AlphaGate(2, 3)
-    assert torch.equal(g.train_alpha(), g.alpha()) and g.spec() is None
+    assert torch.equal(g.train_alpha(), g.alpha()) and g.spec() == GateSpec()
     assert torch.allclose(g.open_heads(), g.alpha().sum())

@@ -25,9 +25,9 @@ from ..engine.backend import backend_for
 from ..engine.prompt_cache import PromptCache
 from ..gate import AlphaGate
 from ..models.engines import Model
+from ..stages.objectives import train_valid_examples
 from ..stages.training import TrainHistory, frozen, schedule, train_loop
-from ..tasks import Task, zero_shot_prompts
-from ..tokens import make_examples
+from ..tasks import Task
 
 
 @dataclass
@@ -66,8 +66,8 @@ def fit_shared(
     with frozen(model):
         for name in names:
             task = tasks[name]
-            train = make_examples(model, zero_shot_prompts(task.train))
-            valid = make_examples(model, zero_shot_prompts(task.valid))[: cfg.max_valid]
+            train, valid = train_valid_examples(model, task)
+            valid = valid[: cfg.max_valid]
             if not train:
                 raise ValueError(f"task '{name}' has no training examples")
             plan = schedule(len(train), cfg.steps, cfg.batch_size, seed)

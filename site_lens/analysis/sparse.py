@@ -25,6 +25,7 @@ SITE's; each point costs ``steps`` optimiser steps instead of 400.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -39,11 +40,12 @@ from ..config import ConfigError, SelectionConfig, SiteConfig, SparsityConfig
 from ..gate import AlphaGate, HardConcreteGate
 from ..models import model_identity
 from ..models.engines import Model
-from ..stages.embeddings import build_task_embedding
+from ..stages.embeddings import task_embedding
+from ..stages.objectives import train_valid_examples
 from ..stages.selection import AlphaTrainer
 from ..stages.training import TrainHistory
-from ..tasks import Task, zero_shot_prompts
-from ..tokens import Example, make_examples
+from ..tasks import Task
+from ..tokens import Example
 
 HeadMask = Bool[Tensor, "layer head_index"]
 
@@ -84,7 +86,7 @@ class SparseTrainer(AlphaTrainer):
 class SparseFit:
     """One sparse-SITE point: its gate (as an adapter), the binary mask, and how it was trained."""
 
-    adapter: Adapter  # meta['gate'] says how theta becomes alpha
+    adapter: Adapter  # its gate says how theta becomes alpha
     sparsity: SparsityConfig
     history: TrainHistory
     seconds: float
@@ -100,8 +102,7 @@ class SparseFit:
     def mask_adapter(self, threshold: float | None = None) -> Adapter:
         """An adapter injecting t into exactly the mask's heads (alpha 1 there, 0 elsewhere)."""
         thr = self.sparsity.threshold if threshold is None else threshold
-        spec = {"kind": "mask", "threshold": thr, "of": self.adapter.meta.get("gate")}
-        return Adapter(self.adapter.t, self.adapter.theta, self.adapter.model, {**self.adapter.meta, "gate": spec})
+        return dataclasses.replace(self.adapter, gate=dataclasses.replace(self.adapter.gate, threshold=thr))
 
     def summary(self) -> dict:
         """Weight, penalty, heads with alpha > 0.5, heads with alpha > 0, heads in the mask."""
@@ -125,11 +126,6 @@ def hard_concrete_theta(theta: Float[Tensor, "layer head_index"], low: float = -
     return torch.log(s) - torch.log1p(-s)
 
 
-def _train_valid(model: Model, task: Task) -> tuple[list[Example], list[Example]]:
-    """First-token examples: sparse SITE trains on the paper's objective only."""
-    return make_examples(model, zero_shot_prompts(task.train)), make_examples(model, zero_shot_prompts(task.valid))
-
-
 def fit_sparse(
     model: Model,
     task: Task,
@@ -146,15 +142,11 @@ def fit_sparse(
     """
     sparsity = sparsity or SparsityConfig()
     cfg = cfg or SiteConfig()
-    assert cfg.selection is not None and cfg.embedding is not None
-    if t is None:
-        from ..methods.site import embedding_prompts
-
-        prompts = embedding_prompts(task, cfg.embedding, cfg.seed)
-        t = build_task_embedding(model, [p for p, _ in prompts], batch_size=cfg.embedding.batch_size)
     if cfg.selection.objective != "first_token":
         raise ConfigError(f"sparse SITE trains on the first answer token only, got objective {cfg.selection.objective!r}")
-    train, valid = examples or _train_valid(model, task)
+    if t is None:
+        t = task_embedding(model, task, cfg.embedding, cfg.seed)
+    train, valid = examples or train_valid_examples(model, task)
     t0 = time.perf_counter()
     trainer = SparseTrainer(model, t, cfg.selection, sparsity, seed=cfg.seed, theta=theta)
     gate = trainer.fit(train, valid)
@@ -170,9 +162,9 @@ def fit_sparse(
             "embedding": cfg.embedding.to_dict(),
             "selection": cfg.selection.to_dict(),
             "sparsity": sparsity.to_dict(),
-            "gate": gate.spec(),
             "history": trainer.history.to_dict(),
         },
+        gate=gate.spec(),
     )
     return SparseFit(adapter, sparsity, trainer.history, seconds)
 
@@ -195,17 +187,11 @@ def sparse_path(
     if list(weights) != sorted(weights) or any(not math.isfinite(w) or w < 0 for w in weights):
         raise ConfigError(f"sparse_path needs finite weights >= 0 in increasing order, got {list(weights)}")
     cfg = cfg or SiteConfig(seed=int(dense.meta.get("seed", 0)))
-    assert cfg.selection is not None
-    point_cfg = SiteConfig(
-        seed=cfg.seed,
-        embedding=cfg.embedding,
-        selection=SelectionConfig.from_dict({**cfg.selection.to_dict(), "steps": steps}),
-        eval=cfg.eval,
-    )
+    point_cfg = dataclasses.replace(cfg, selection=dataclasses.replace(cfg.selection, steps=steps))
     theta = dense.theta.float()
     if penalty == "l0":
         theta = hard_concrete_theta(theta)
-    examples = _train_valid(model, task)
+    examples = train_valid_examples(model, task)
     fits = []
     for w in weights:
         fit = fit_sparse(model, task, SparsityConfig(penalty, float(w), threshold), point_cfg, dense.t, theta, examples)

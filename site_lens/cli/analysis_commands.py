@@ -26,7 +26,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from ..tasks import TaskError, load_task
 
     cfg = site_config_from_args(args)
-    if cfg.selection is not None and cfg.selection.objective != "first_token":
+    if cfg.selection.objective != "first_token":
         raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
     require_data_for_fv(args.tasks, args.data)
     tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")

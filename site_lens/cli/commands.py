@@ -65,7 +65,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     head = f"{'task':<16} {'method':<9} {'n':>4}  {'first token':<17} {'prefix match':<17} {'strict match':<17} {'ms/query':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        n = int(r["n"])
+        n = int(r["n_test"])
         lines.append(
             f"{r['task']:<16} {METHOD_LABELS.get(r['method'], r['method']):<9} {n:>4}  "
             f"{_cell(r['first_token_acc'], n):<17} {_cell(r['exact_match'], n):<17} {_cell(r['strict_match'], n):<17} "
@@ -93,13 +93,10 @@ def _check_backend(model, cfg) -> None:
 
 
 def _check_task(task, cfg) -> None:
-    from ..tasks import check_enough
+    """A task too small for stage 1's prompts fails before the model loads."""
+    from ..stages.embeddings import embedding_prompts
 
-    check_enough(
-        task.train,
-        cfg.embedding.n_shots + 1,
-        f"task '{task.name}' split 'train' ({cfg.embedding.n_shots} shots + 1 query)",
-    )
+    embedding_prompts(task, cfg.embedding, cfg.seed)
 
 
 def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
@@ -128,7 +125,7 @@ def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[st
 
 
 def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"task": res["task"], "method": m, **res[m]} for m in ("zero_shot", "icl", "site") if m in res]
+    return [res[m] for m in ("zero_shot", "icl", "site") if m in res]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,11 +33,11 @@ from typing import Any
 from ..adapter import write_json_atomic, write_text_atomic
 from ..config import ConfigError, EvalConfig, SiteConfig
 from ..locks import Locks, owner_tag, temp_is_orphan
-from ..methods import Method, TaskContext, configured, score_method
+from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
 from ..models.engines import Model
-from ..tasks import TaskError, builtin_tasks, category, load_task
-from .bench_report import METRICS, OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
+from ..tasks import TaskError, builtin_tasks, load_task
+from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +166,6 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
 
     Settings at their defaults are left out, so folders from before settings were recorded resume.
     """
-    assert cfg.embedding is not None and cfg.selection is not None and cfg.eval is not None
     spec: dict[str, Any] = {"model": model_name, "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
     default = SiteConfig()
     changed: dict[str, Any] = {}
@@ -209,31 +207,6 @@ def collect_rows(dirs: Iterable[Path]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- running
 
 
-def run_row(
-    model: Model, method: Method, task, seed: int, ctx: TaskContext, eval_cfg: EvalConfig
-) -> dict[str, Any]:
-    """Fit one method on one task and score it on test."""
-    t0 = time.perf_counter()
-    method.fit(model, task, seed, ctx)
-    fit_s = time.perf_counter() - t0
-    res = score_method(model, method, task, seed, eval_cfg)
-    return {
-        "task": task.name,
-        "category": category(task),
-        "method": method.name,
-        "seed": seed,
-        **{k: res[k] for k in METRICS},
-        **{k: res.get(k) for k in OPTIONAL},
-        "n_trainable": method.n_trainable,
-        "fit_seconds": round(fit_s, 3),
-        "ms_per_query": round(res["ms_per_query"], 3),
-        "eval_seconds": round(res["seconds"], 3),
-        "n_test": res["n"],
-        "info": method.info,
-        "predictions": res["predictions"],
-    }
-
-
 def run_bench(
     model: Model,
     tasks: Sequence[str],
@@ -254,7 +227,6 @@ def run_bench(
     fresh method) replace ``methods.configured``.
     """
     cfg = cfg or SiteConfig(eval=EvalConfig(max_test=100))
-    assert cfg.eval is not None
     out = Path(out)
     locks = locks or Locks()
     ident = model_identity(model)
@@ -285,15 +257,14 @@ def run_bench(
                     task = task or load_task(name, data_dir=data_dir)
                     ctx = ctx or TaskContext(task, seed, cfg.embedding)
                     method = factories[m]() if factories is not None else configured(m, cfg)
-                    row = run_row(model, method, task, seed, ctx, cfg.eval)
-                    row["spec"] = spec_m
-                    row["computed_by"] = owner_tag()  # host.pid
+                    row = fit_and_score(model, method, task, seed, ctx, cfg.eval)
+                    on_disk = {**row, "spec": spec_m, "computed_by": owner_tag()}  # computed_by: host.pid
                     if not locks.still_held(lock_path(out, name, seed, m)):
                         log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
                         continue
-                    write_json_atomic(path, row)
+                    write_json_atomic(path, on_disk)
                 if report is not None:
-                    report(row)
+                    report(on_disk)
     return write_summary(out, locks=locks)
 
 

@@ -15,18 +15,8 @@ from ..methods import METHODS
 
 METRICS = ("first_token_acc", "exact_match", "strict_match")
 OPTIONAL = ("option_acc",)  # multiple-choice tasks only (methods.score_method); None elsewhere
-ROW_FIELDS = (
-    "task",
-    "category",
-    "method",
-    "seed",
-    *METRICS,
-    *OPTIONAL,
-    "n_trainable",
-    "fit_seconds",
-    "ms_per_query",
-    "n_test",
-)
+COSTS = ("n_trainable", "fit_seconds", "ms_per_query")
+ROW_FIELDS = ("task", "category", "method", "seed", *METRICS, *OPTIONAL, *COSTS, "n_test")  # rows.csv's columns
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -48,7 +38,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "n_tasks_run": len({r["task"] for r in rows if r["method"] == m}),
             "n_rows": len(rs),
         }
-        for k in (*METRICS, "n_trainable", "fit_seconds", "ms_per_query"):
+        for k in (*METRICS, *COSTS):
             s[k] = sum(r[k] for r in rs) / len(rs) if rs else None
         for k in OPTIONAL:  # over the rows that have it (multiple-choice tasks)
             vs = [r[k] for r in rs if r.get(k) is not None]

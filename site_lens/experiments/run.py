@@ -5,8 +5,9 @@
     results, adapter = run_task(model, task)                     # all of it, as results.json
     answers = predict(model, ["river", "candle"], fit.adapter)   # raw inputs, as site-lens predict
 
-Every method here is the benchmark's (``methods``): fitted and scored by
-``bench.run_row``, so ``run`` and ``bench`` give the same numbers.
+Every method here is the benchmark's (``methods``), fitted and scored by
+``methods.fit_and_score`` as the benchmark does it, so ``run`` and ``bench``
+give the same numbers; each method's entry of results.json is its bench row.
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ from typing import Any
 import torch
 
 from ..adapter import Adapter
-from ..config import EvalConfig, SiteConfig
-from ..methods import ICL, Method, Site, TaskContext, ZeroShot, configured, score_method
+from ..config import ConfigError, EvalConfig, SiteConfig
+from ..methods import ICL, Method, Score, Site, TaskContext, ZeroShot, configured, fit_and_score, score_method
 from ..models import model_identity
 from ..models.engines import Model
 from ..tasks import Task, category, format_query
-from .bench import run_row
 
 RUN_METHODS = ("zero_shot", "icl", "site")
-RESULT_KEYS = ("first_token_acc", "exact_match", "strict_match")
 
 
 def answer_line(generation: str) -> str:
@@ -81,15 +80,13 @@ def evaluate(
     n_shots: int = 10,
     seed: int = 0,
     split: str = "test",
-) -> dict[str, Any]:
+) -> Score:
     """Score zero_shot, icl or site (given its adapter) on a split: first-token accuracy, exact and strict match."""
-    from ..config import ConfigError
-
     if method not in RUN_METHODS:
         raise ConfigError(f"unknown method '{method}'; use one of {RUN_METHODS} (or methods.score_method for the others)")
     if method == "site" and adapter is None:
         raise ConfigError("method 'site' needs an adapter (from fit_site or load_adapter)")
-    m: Method = {"zero_shot": ZeroShot, "icl": lambda: ICL(n_shots)}[method]() if method != "site" else Site.from_adapter(adapter)
+    m: Method = ZeroShot() if method == "zero_shot" else ICL(n_shots) if method == "icl" else Site.from_adapter(adapter)
     return score_method(model, m, task, seed, cfg, split)
 
 
@@ -102,7 +99,6 @@ def run_task(
 ) -> tuple[dict[str, Any], Adapter | None]:
     """Fit and score zero-shot, N-shot ICL and SITE on the test split: (results.json's dict, SITE's adapter)."""
     cfg = cfg or SiteConfig()
-    assert cfg.eval is not None and cfg.embedding is not None
     ident = model_identity(model)
     out: dict[str, Any] = {
         "model": ident["name"],
@@ -118,14 +114,7 @@ def run_task(
     adapter = None
     for name in methods:
         method = configured(name, cfg, progress)
-        row = run_row(model, method, task, cfg.seed, ctx, cfg.eval)
-        out[name] = {
-            **{k: row[k] for k in RESULT_KEYS},
-            "n": row["n_test"],
-            "seconds": row["eval_seconds"],
-            "ms_per_query": row["ms_per_query"],
-            "predictions": row["predictions"],
-        }
+        out[name] = row = fit_and_score(model, method, task, cfg.seed, ctx, cfg.eval)
         if isinstance(method, Site):
             assert method.result is not None
             adapter = method.adapter

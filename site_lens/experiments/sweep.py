@@ -37,7 +37,7 @@ from ..analysis.minimal import (
     sparse_sets,
 )
 from ..analysis.sparse import SparseFit, sparse_path
-from ..config import K_GRID, SPARSE_WEIGHTS, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
 from ..methods.site import fit_site
 from ..models.engines import Model
 from ..stages.cie import causal_indirect_effect
@@ -85,7 +85,6 @@ def minimal_sets(
     cie = None
     if rankings:
         t0 = time.perf_counter()
-        assert cfg.embedding is not None
         cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
         seconds["cie"] = time.perf_counter() - t0
     fits: list[SparseFit] = []
@@ -182,18 +181,11 @@ SETTINGS = (
 )
 
 
-def _with_defaults(recorded: dict) -> dict:
-    """A recorded SiteConfig dict with the fields it lacks at their defaults."""
-    parts = {"embedding": EmbeddingConfig, "selection": SelectionConfig, "eval": EvalConfig}
-    sub = {k: cls.from_dict(recorded[k]) for k, cls in parts.items() if isinstance(recorded.get(k), dict)}
-    return SiteConfig.from_dict({**recorded, **sub}).to_dict()
-
-
 def settings_differ(folder: str | Path, requested: dict) -> list[str]:
     """The settings (``SETTINGS`` keys of ``requested``) a finished folder was made with differently."""
     info = json.loads((Path(folder) / DONE_FILE).read_text())
     if isinstance(info.get("config"), dict):  # a field added since takes its default, as it did then
-        info["config"] = _with_defaults(info["config"])
+        info["config"] = SiteConfig.from_dict(info["config"]).to_dict()
     return [k for k in SETTINGS if k in requested and k in info and info[k] != requested[k]]
 
 
@@ -252,7 +244,7 @@ def run_shared(
             HeadSet("shared", fit.alpha, int((fit.alpha > 0).sum()), mode="soft"),
             HeadSet("shared", mask_alpha(fit.alpha > 0.5), int((fit.alpha > 0.5).sum())),
         ]
-        frames.append(score_head_sets(model, task, a.t, sets, "test", cfg.eval.max_test if cfg.eval else 100))
+        frames.append(score_head_sets(model, task, a.t, sets, "test", cfg.eval.max_test))
     scores = pd.concat(frames, ignore_index=True)
     scores.insert(1, "seed", seed)
     scores = add_recovery(scores)
@@ -263,7 +255,7 @@ def run_shared(
     info = {
         "tasks": fit.tasks,
         "seed": seed,
-        "selection": cfg.selection.to_dict() if cfg.selection else None,
+        "selection": cfg.selection.to_dict(),
         "seconds": fit.seconds,
         "history": fit.history.to_dict(),
         "n_open": int((fit.alpha > 0.5).sum()),

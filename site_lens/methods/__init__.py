@@ -2,11 +2,12 @@
 
 method = make_method("fv")
 method.fit(model, task, seed)
-row = score_method(model, method, task, seed, EvalConfig(max_test=100))
+score = score_method(model, method, task, seed, EvalConfig(max_test=100))
+row = fit_and_score(model, configured("site", cfg), task, seed, None, cfg.eval)   # both at once
 
 ``site-lens run`` and ``site-lens bench`` both go through this registry and
-``score_method``; ``configured(name, cfg)`` builds a method from a ``SiteConfig``
-(ICL takes its shots from ``cfg.embedding``, SITE its two stage configs).
+``fit_and_score``; ``configured(name, cfg)`` builds a method from a ``SiteConfig``
+(ICL takes its shots from ``cfg.embedding``, SITE the whole config).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..config import ConfigError, SiteConfig
-from .base import Method, TaskContext, TrainConfig, score_method
+from .base import Method, Row, Score, TaskContext, TrainConfig, fit_and_score, score_method
 from .fv import FunctionVector
 from .i2cl import I2CL
 from .mtv import MTVConfig, MultimodalTaskVector
@@ -41,7 +42,9 @@ def with_objective(method: Method, objective: str, name: str) -> Method:
     """``method`` trained with ``objective`` (config.OBJECTIVES), under its own name."""
     method.name = name
     if isinstance(method, Site):
-        method.selection = dataclasses.replace(method.selection, objective=objective)
+        method.cfg = dataclasses.replace(
+            method.cfg, selection=dataclasses.replace(method.cfg.selection, objective=objective)
+        )
     else:
         method.train_cfg = dataclasses.replace(method.train_cfg, objective=objective)
     return method
@@ -90,13 +93,12 @@ def make_method(name: str) -> Method:
 
 def configured(name: str, cfg: SiteConfig, progress: Callable[[int, float], None] | None = None) -> Method:
     """A fresh method by name, with the shots and SITE stages of ``cfg`` (the others keep their defaults)."""
-    assert cfg.embedding is not None and cfg.selection is not None
     if name == "icl":
         return ICL(n_shots=cfg.embedding.n_shots)
     if name == "site":
-        return Site(cfg.embedding, cfg.selection, progress)
+        return Site(cfg, progress)
     if name.startswith("site_") and name[len("site_") :] in SUFFIXES:
-        return with_objective(Site(cfg.embedding, cfg.selection, progress), SUFFIXES[name[len("site_") :]], name)
+        return with_objective(Site(cfg, progress), SUFFIXES[name[len("site_") :]], name)
     return make_method(name)
 
 
@@ -112,6 +114,8 @@ __all__ = [
     "MTVConfig",
     "Method",
     "MultimodalTaskVector",
+    "Row",
+    "Score",
     "Site",
     "SiteFit",
     "TaskContext",
@@ -120,6 +124,7 @@ __all__ = [
     "ZeroShot",
     "configured",
     "describe_method",
+    "fit_and_score",
     "fit_site",
     "make_method",
     "score_method",

@@ -11,25 +11,25 @@ TransformerLens hooks attached for one generation call only:
   generated tokens alike (I2CL, LoRA, (IA)3: a change to every position).
 
 ``Method.predict`` is the one prediction function (greedy, up to 20 tokens,
-stopping at a newline) and ``score_method`` the one evaluation: first-token
-accuracy, exact and strict match, for zero-shot, ICL, SITE and every
-baseline alike. ``train_first_token`` runs the continuous-parameter baselines
-through the training loop SITE uses (``training.train_loop``): Adam on the
-cross-entropy of the answer's first token over zero-shot train prompts,
-keeping the parameters with the lowest valid loss.
+stopping at a newline) and ``score_method`` the one evaluation, for every
+method alike. ``fit_and_score`` fits and scores one: a ``Row``, the record
+``run`` (results.json) and ``bench`` (rows/, rows.csv) both write.
+``train_params`` runs the continuous-parameter baselines through the training
+loop SITE uses (``training.train_loop``): Adam on the cross-entropy of the
+answer's first token over zero-shot train prompts, keeping the parameters
+with the lowest valid loss.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -41,10 +41,10 @@ from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, Hooks
 from ..metrics import score
 from ..models.engines import Model
-from ..stages.embeddings import build_task_embedding
-from ..stages.objectives import objective_examples, sequence_loss
+from ..stages.embeddings import embedding_prompts, task_embedding
+from ..stages.objectives import sequence_loss, train_valid_examples  # noqa: F401 (the baselines import it from here)
 from ..stages.training import first_token_loss, frozen, schedule, train_loop
-from ..tasks import Task, check_enough, sample_icl_prompts, zero_shot_prompts
+from ..tasks import Task, category, zero_shot_prompts
 from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
 
 log = logging.getLogger(__name__)
@@ -141,40 +141,60 @@ class Method:
 
 
 class TaskContext:
-    """Work several methods share on one (task, seed): the mean hook_z over 10-shot prompts."""
+    """Work several methods share on one (task, seed): stage 1's prompts and their mean hook_z."""
 
     def __init__(self, task: Task, seed: int, embedding: EmbeddingConfig | None = None):
         self.task, self.seed = task, seed
         self.embedding = embedding or EmbeddingConfig()
         self._mean_z: Tensor | None = None
-        self._prompts: list[tuple[str, str]] | None = None
 
     def icl_prompts(self) -> list[tuple[str, str]]:
         """The M N-shot prompts of SITE's stage 1 (queries from train), fixed by the seed."""
-        if self._prompts is None:
-            cfg = self.embedding
-            check_enough(self.task.train, cfg.n_shots + 1, f"task '{self.task.name}' split 'train'")
-            self._prompts = sample_icl_prompts(self.task.train, cfg.n_prompts, cfg.n_shots, random.Random(self.seed))
-        return self._prompts
+        return embedding_prompts(self.task, self.embedding, self.seed)
 
     def mean_z(self, model: Model) -> Tensor:
         """Mean hook_z at the last token over ``icl_prompts`` (SITE's t; FV's and MTV's mean head outputs)."""
         if self._mean_z is None:
-            self._mean_z = build_task_embedding(model, [p for p, _ in self.icl_prompts()], self.embedding.batch_size)
+            self._mean_z = task_embedding(model, self.task, self.embedding, self.seed)
         return self._mean_z
 
 
-# ---------------------------------------------------------------- scoring
+# ---------------------------------------------------------------- scoring: the one evaluation, the one record
+
+
+class Score(TypedDict):
+    """A fitted method's scores on one split (``score_method``)."""
+
+    first_token_acc: float  # the first generated token is the answer's first token
+    exact_match: float  # prefix match (metrics.exact_match)
+    strict_match: float
+    option_acc: float | None  # the gold option has the highest log-probability; multiple-choice tasks only
+    n_test: int  # items scored
+    eval_seconds: float  # wall clock of the generations
+    ms_per_query: float
+    predictions: list[dict[str, str]]  # per item: the prompt's last block, the target, the answer given
+
+
+class Row(Score):
+    """One method fitted on one (task, seed) and scored on test (``fit_and_score``)."""
+
+    task: str
+    category: str
+    method: str
+    seed: int
+    n_trainable: int  # Method.n_trainable
+    fit_seconds: float
+    info: dict[str, Any]  # Method.info: what fit chose
 
 
 def score_method(
     model: Model, method: Method, task: Task, seed: int, cfg: EvalConfig | None = None, split: str = "test"
-) -> dict[str, Any]:
+) -> Score:
     """First-token accuracy, exact and strict match of a fitted method on a split.
 
     Items that list accepted answers (``tasks.Choice``) match any of them; on a multiple-choice
-    task (every item lists options) ``option_acc`` is added: the gold option has the highest summed
-    log-probability under the method (``options.option_logprobs``).
+    task (every item lists options) ``option_acc`` is the share of items whose gold option has the
+    highest summed log-probability under the method (``options.option_logprobs``), else None.
     """
     cfg = cfg or EvalConfig()
     pairs = task.split(split)[: cfg.max_test]
@@ -184,25 +204,44 @@ def score_method(
     preds, first = method.predict(model, [p for p, _ in prompts], cfg)
     seconds = time.perf_counter() - t0
     targets = torch.tensor([answer_ids(model, p, a)[0] for p, a in prompts])
-    extra: dict[str, Any] = {}
+    option_acc = None
     if choices is not None and all(c.options for c in choices):
         with model.hooks(fwd_hooks=method.persistent_hooks(model)):
-            lp = option_logprobs(model, [p for p, _ in prompts], [c.options for c in choices], method.prefill_hooks(model))
-        extra["option_acc"] = option_accuracy(lp, [c.options.index(a) for (_, a), c in zip(pairs, choices)])
-    return {
-        "first_token_acc": float((first.argmax(-1) == targets).float().mean()),
-        **score(
-            preds, [a for _, a in prompts], bool(task.case_sensitive),
-            accepted=[c.answers for c in choices] if choices is not None else None,
-        ),
-        **extra,
-        "n": len(pairs),
-        "seconds": seconds,
-        "ms_per_query": 1000 * seconds / max(1, len(pairs)),
-        "predictions": [
+            lp = option_logprobs(
+                model, [p for p, _ in prompts], [c.options for c in choices], method.prefill_hooks(model)
+            )
+        option_acc = option_accuracy(lp, [c.options.index(a) for (_, a), c in zip(pairs, choices)])
+    accepted = [c.answers for c in choices] if choices is not None else None
+    matches = score(preds, [a for _, a in prompts], bool(task.case_sensitive), accepted=accepted)
+    return Score(
+        first_token_acc=float((first.argmax(-1) == targets).float().mean()),
+        exact_match=matches["exact_match"],
+        strict_match=matches["strict_match"],
+        option_acc=option_acc,
+        n_test=len(pairs),
+        eval_seconds=round(seconds, 3),
+        ms_per_query=round(1000 * seconds / max(1, len(pairs)), 3),
+        predictions=[
             {"prompt_tail": p.split("\n\n")[-1], "target": a, "output": o} for (p, a), o in zip(prompts, preds)
         ],
-    }
+    )
+
+
+def fit_and_score(model: Model, method: Method, task: Task, seed: int, ctx: TaskContext | None, cfg: EvalConfig) -> Row:
+    """Fit ``method`` on ``task`` (train, valid) with ``seed``, then score it on test: one row."""
+    t0 = time.perf_counter()
+    method.fit(model, task, seed, ctx)
+    fit_seconds = time.perf_counter() - t0
+    return Row(
+        task=task.name,
+        category=category(task),
+        method=method.name,
+        seed=seed,
+        **score_method(model, method, task, seed, cfg),
+        n_trainable=method.n_trainable,
+        fit_seconds=round(fit_seconds, 3),
+        info=method.info,
+    )
 
 
 # ---------------------------------------------------------------- first-token losses and training
@@ -210,7 +249,7 @@ def score_method(
 
 @dataclass
 class TrainConfig(_Config):
-    """Budget of ``train_first_token`` (modest, for CPU; see docs/benchmark.md)."""
+    """Budget of ``train_params`` (modest, for CPU; see docs/benchmark.md)."""
 
     steps: int = 100  # optimiser steps
     lr: float = 1e-2  # Adam learning rate
@@ -275,13 +314,6 @@ def train_params(
             what="parameters",
         )
     return history.to_dict()
-
-
-def train_valid_examples(
-    model: Model, task: Task, objective: str = "first_token"
-) -> tuple[list[Example], list[Example]]:
-    """Zero-shot train and valid prompts as examples: (tokens, first answer token), and continuations for 'sequence'."""
-    return objective_examples(model, task, "train", objective), objective_examples(model, task, "valid", objective)
 
 
 def choose_layer(

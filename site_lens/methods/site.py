@@ -1,8 +1,8 @@
 """SITE (Park et al., 2026): stages 1 and 2 on a task, and SITE as a scored method.
 
     fit = fit_site(model, task)                      # SiteFit(adapter, history, seconds, backend)
-    method = Site.from_adapter(fit.adapter)          # or Site(); method.fit(model, task, seed)
-    row = score_method(model, method, task, seed)    # stage 3, scored like every method
+    method = Site.from_adapter(fit.adapter)          # or Site(cfg); method.fit(model, task, seed)
+    score = score_method(model, method, task, seed)  # stage 3, scored like every method
 
 Stage 1 averages ``hook_z`` at the last token of M N-shot prompts (all drawn
 from train with the run's seed); stage 2 trains one gate per head on
@@ -12,22 +12,22 @@ adapter is injected once, at prefill (``Adapter.hooks``).
 
 from __future__ import annotations
 
-import random
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..adapter import Adapter
-from ..config import EmbeddingConfig, SelectionConfig, SiteConfig
+from ..config import SiteConfig
 from ..engine.backend import describe
 from ..gate import HookFactory
 from ..models import model_identity
 from ..models.engines import Model
-from ..stages.embeddings import build_task_embedding
-from ..stages.objectives import objective_examples
+from ..stages.embeddings import task_embedding
+from ..stages.objectives import train_valid_examples
 from ..stages.selection import AlphaTrainer
 from ..stages.training import TrainHistory
-from ..tasks import Task, check_enough, sample_icl_prompts
+from ..tasks import Task
 from .base import Method, TaskContext
 
 
@@ -39,12 +39,6 @@ class SiteFit:
     history: TrainHistory
     seconds: dict[str, float] = field(default_factory=dict)
     backend: dict[str, str] = field(default_factory=dict)  # {'name', 'reason'}
-
-
-def embedding_prompts(task: Task, cfg: EmbeddingConfig, seed: int) -> list[tuple[str, str]]:
-    """The M N-shot prompts (demonstrations and query all from train) for stage 1."""
-    check_enough(task.train, cfg.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.n_shots} shots + 1 query)")
-    return sample_icl_prompts(task.train, cfg.n_prompts, cfg.n_shots, random.Random(seed))
 
 
 def fit_site(
@@ -60,18 +54,15 @@ def fit_site(
     mean hook_z, which is the same t; FV and MTV use it too.
     """
     cfg = cfg or SiteConfig()
-    assert cfg.embedding is not None and cfg.selection is not None
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     if ctx is not None and ctx.task is task and ctx.seed == cfg.seed and ctx.embedding == cfg.embedding:
         t = ctx.mean_z(model)
     else:
-        prompts = embedding_prompts(task, cfg.embedding, cfg.seed)
-        t = build_task_embedding(model, [p for p, _ in prompts], batch_size=cfg.embedding.batch_size)
+        t = task_embedding(model, task, cfg.embedding, cfg.seed)
     seconds["embedding"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    train = objective_examples(model, task, "train", cfg.selection.objective)
-    valid = objective_examples(model, task, "valid", cfg.selection.objective)
+    train, valid = train_valid_examples(model, task, cfg.selection.objective)
     trainer = AlphaTrainer(model, t, cfg.selection, seed=cfg.seed)
     gate = trainer.fit(train, valid, progress=progress)
     seconds["selection"] = time.perf_counter() - t0
@@ -98,15 +89,9 @@ class Site(Method):
 
     name = "site"
 
-    def __init__(
-        self,
-        embedding: EmbeddingConfig | None = None,
-        selection: SelectionConfig | None = None,
-        progress: Callable[[int, float], None] | None = None,
-    ):
+    def __init__(self, cfg: SiteConfig | None = None, progress: Callable[[int, float], None] | None = None):
         super().__init__()
-        self.embedding = embedding or EmbeddingConfig()
-        self.selection = selection or SelectionConfig()
+        self.cfg = cfg or SiteConfig()  # its seed and eval are not used: fit takes the seed, scoring its own config
         self.progress = progress
         self.adapter: Adapter | None = None
         self.result: SiteFit | None = None
@@ -124,8 +109,7 @@ class Site(Method):
         return 0 if self.adapter is None else self.adapter.theta.numel()
 
     def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
-        cfg = SiteConfig(seed=seed, embedding=self.embedding, selection=self.selection)
-        self.result = fit_site(model, task, cfg, self.progress, ctx)
+        self.result = fit_site(model, task, dataclasses.replace(self.cfg, seed=seed), self.progress, ctx)
         self.adapter = self.result.adapter
         h = self.result.history
         self.info = {

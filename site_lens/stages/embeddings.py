@@ -5,10 +5,13 @@ capture hook per layer, the last-position equivalent of
 ``run_with_cache(names_filter=[...])``), so memory is (batch, layer, head,
 d_head) whatever the prompt length. Prompts are right-padded; with causal
 attention, pads after the last real token cannot change it.
+
+    t = task_embedding(model, task, EmbeddingConfig(), seed=0)   # SITE's t; FV's and MTV's mean head outputs
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from functools import partial
 
@@ -17,8 +20,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from ..config import EmbeddingConfig
 from ..gate import z_names
 from ..models.engines import Model
+from ..tasks import Task, check_enough, sample_icl_prompts
 from ..tokens import check_context, encode, fit_batches, pad_id, pad_right
 
 
@@ -65,3 +70,16 @@ def build_task_embedding(
         raise ValueError("build_task_embedding needs at least one prompt")
     token_lists = encode(model, prompts) if isinstance(prompts[0], str) else prompts  # type: ignore[arg-type]
     return last_token_z(model, token_lists, batch_size).mean(dim=0)
+
+
+def embedding_prompts(task: Task, cfg: EmbeddingConfig, seed: int) -> list[tuple[str, str]]:
+    """The M N-shot prompts of stage 1 (demonstrations and query all from train), fixed by the seed."""
+    check_enough(task.train, cfg.n_shots + 1, f"task '{task.name}' split 'train' ({cfg.n_shots} shots + 1 query)")
+    return sample_icl_prompts(task.train, cfg.n_prompts, cfg.n_shots, random.Random(seed))
+
+
+def task_embedding(
+    model: Model, task: Task, cfg: EmbeddingConfig, seed: int
+) -> Float[Tensor, "layer head_index d_head"]:
+    """Stage 1 on a task: ``build_task_embedding`` over its ``embedding_prompts``."""
+    return build_task_embedding(model, [p for p, _ in embedding_prompts(task, cfg, seed)], cfg.batch_size)

@@ -25,6 +25,7 @@ token: the first where the item's options differ (the letter). The shared tokens
 are teacher-forced, unscored; items without options fall back to their first answer token.
 
     examples = objective_examples(model, task, "train", "option_token")
+    train, valid = train_valid_examples(model, task, "first_token")   # both splits: every trained method's examples
 
 The cached path computes each prompt's prefix (all tokens but the last) once, then
 runs the last prompt token and the answer tokens against it each step, on the model's
@@ -107,6 +108,13 @@ def objective_examples(model: Model, task: Task, split: str, objective: str) -> 
     if objective == "first_token":
         return make_examples(model, prompts)
     raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+
+
+def train_valid_examples(
+    model: Model, task: Task, objective: str = "first_token"
+) -> tuple[list[Example], list[Example]]:
+    """The train and valid splits' ``objective_examples``: what every trained method fits and selects on."""
+    return objective_examples(model, task, "train", objective), objective_examples(model, task, "valid", objective)
 
 
 def _check(examples: Sequence[Example]) -> None:
