@@ -28,7 +28,8 @@ from .locks import owner_tag
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
-FORMAT = "site-lens-adapter/1"
+FORMAT = "site-lens-adapter/2"  # /2: the gate is a field of cfg.json (/1 kept it in meta; still read)
+READS = (FORMAT, "site-lens-adapter/1")
 # identity keys an adapter must share with the model it is loaded onto; then its name, and the
 # source digest (GGUF file) where both record one, else the weights digest (``identity.weights_digest``)
 MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing")
@@ -155,7 +156,7 @@ def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None)
         cfg = json.loads(cfg_path.read_text())
     except (ValueError, RecursionError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, > 4300-digit ints
         raise AdapterError(f"{cfg_path}: not valid JSON ({e.__class__.__name__}: {str(e)[:200]})") from None
-    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT or not isinstance(cfg.get("model"), dict):
+    if not isinstance(cfg, dict) or cfg.get("format") not in READS or not isinstance(cfg.get("model"), dict):
         raise AdapterError(f"{cfg_path}: not a {FORMAT} config (needs keys 'format', 'model', 'meta')")
     if not isinstance(cfg.get("meta", {}), dict):
         raise AdapterError(f"{cfg_path}: 'meta' must be an object, got {type(cfg['meta']).__name__}")

@@ -88,7 +88,7 @@ DAMAGE = [
     ("cfg-binary", lambda f, m: (f / CFG_FILE).write_bytes(b"\xff\xfe\x00"), "not valid JSON"),
     ("cfg-deep", lambda f, m: (f / CFG_FILE).write_text("[" * 100_000), "not valid JSON"),
     ("cfg-huge-int", lambda f, m: (f / CFG_FILE).write_text("9" * 5000), "not valid JSON"),
-    ("cfg-list", lambda f, m: (f / CFG_FILE).write_text("[]"), "not a site-lens-adapter/1 config"),
+    ("cfg-list", lambda f, m: (f / CFG_FILE).write_text("[]"), "not a site-lens-adapter/2 config"),
     (
         "cfg-other-format",
         lambda f, m: _edit_cfg(f, lambda c: c.update(format="site-lens-adapter/9")),

@@ -124,6 +124,8 @@ def test_sparse_adapters_round_trip_and_bad_gate_is_refused(model, tmp_path):
     old = json.loads((tmp_path / "m" / "cfg.json").read_text())
     gate = old.pop("gate")
     old["meta"]["gate"] = {"kind": "mask", "threshold": gate.pop("threshold"), "of": gate}
+    assert old["format"] == "site-lens-adapter/2"  # the gate as a field; such folders were /1
+    old["format"] = "site-lens-adapter/1"
     (tmp_path / "m" / "cfg.json").write_text(json.dumps(old))
     assert torch.equal(load_adapter(tmp_path / "m").alpha, masked.alpha)
     for bad in ({"kind": "hard_concrete"}, {"kind": "additive"}, {"kind": "sigmoid", "threshold": "x"}):
