@@ -64,15 +64,14 @@ def pad_right(
     return tokens.to(device), mask.to(device), last.to(device)
 
 
-# Attention scores one forward pass may hold (rows * heads * padded length^2); ~0.5 GiB
-# in float32. Batches of long prompts are cut to fit it (10-shot squad_val, ~3,000
-# tokens, took 18 GiB at 64 rows and was killed); short prompts keep their full batch.
+# Attention scores one forward pass may hold (rows * heads * padded length^2): 2^27 cells,
+# 0.5 GiB in float32. Batches of long prompts (10-shot prompts of long-input tasks run to
+# thousands of tokens) are cut to fit it; short prompts keep their full batch.
 ATTN_CELLS = 2**27
 
 # Attention cells one differentiable pass may keep for backward, summed over layers
-# (rows * heads * padded length^2 * layers): ~1 GiB per float32 tensor kept. A batch of
-# 8 zero-shot squad_val prompts (up to ~830 tokens) took 17 GiB and was killed; the other
-# 44 FV tasks' batches of 8 (longest: ag_news, 273 tokens) stay whole.
+# (rows * heads * padded length^2 * layers): 1 GiB per float32 tensor kept. Only prompts of
+# hundreds of tokens (zero-shot reading-comprehension tasks) have their training batches cut.
 GRAD_CELLS = 2**28
 
 

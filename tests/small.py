@@ -18,7 +18,7 @@ from site_lens.methods import (
     MultimodalTaskVector,
     Site,
     TrainConfig,
-    with_sequence_objective,
+    with_objective,
 )
 
 SMALL_EMBEDDING = EmbeddingConfig(n_prompts=4, n_shots=3)
@@ -38,7 +38,7 @@ def small_methods() -> dict:
         "lora": lambda: LoRA(train=SMALL_TRAIN),
         "ia3": lambda: IA3(train=SMALL_TRAIN),
         **{
-            f"{b}_seq": lambda b=b: with_sequence_objective(_SMALL[b](), f"{b}_seq")
+            f"{b}_seq": lambda b=b: with_objective(_SMALL[b](), "sequence", f"{b}_seq")
             for b in ("site", "i2cl", "lora", "ia3")
         },
     }
@@ -77,5 +77,22 @@ def bench_cmd(data: Path, out: Path) -> list[str]:
     import sys
 
     entry = Path(__file__).parent / "bench_entry.py"
-    return [sys.executable, str(entry), "bench", "--model", "tiny", "--data", str(data), "--tasks", "all",
-            "--methods", "zero_shot,site,fv,ia3", "--seeds", "1", "--max-test", "2", "--out", str(out)]
+    return [
+        sys.executable,
+        str(entry),
+        "bench",
+        "--model",
+        "tiny",
+        "--data",
+        str(data),
+        "--tasks",
+        "all",
+        "--methods",
+        "zero_shot,site,fv,ia3",
+        "--seeds",
+        "1",
+        "--max-test",
+        "2",
+        "--out",
+        str(out),
+    ]

@@ -7,7 +7,7 @@ from small import SMALL_EMBEDDING, small_methods, write_task_dir
 from site_lens.config import EvalConfig
 from site_lens.engine.backend import last_logits, use_backend
 from site_lens.methods import I2CL, IA3, METHODS, OPTION_METHODS, SEQUENCE_METHODS, LoRA, TaskContext, score_method
-from site_lens.methods.base import train_valid_examples
+from site_lens.stages.objectives import train_valid_examples
 from site_lens.stages.training import first_token_loss
 from site_lens.tasks import load_task
 
@@ -66,7 +66,9 @@ def test_trainable_parameter_counts(model, fitted):
         "lora": c.n_layers * (2 * c.d_model * 8 + 8 * c.n_heads * c.d_head + 8 * kv * c.d_head),
         "ia3": c.n_layers * (2 * kv * c.d_head + c.d_mlp),
     }
-    expected |= {f"{b}_{s}": expected[b] for b in ("site", "i2cl", "lora", "ia3") for s in ("seq", "opt")}  # the same parameters
+    expected |= {
+        f"{b}_{s}": expected[b] for b in ("site", "i2cl", "lora", "ia3") for s in ("seq", "opt")
+    }  # the same parameters
     assert {n: m.n_trainable for n, m in fitted.items()} == expected
 
 

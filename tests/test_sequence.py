@@ -146,13 +146,13 @@ def test_bad_objective_and_missing_continuations_are_refused(model):
 def test_whole_prompt_baselines_train_on_sequences(model, tmp_path, kind):
     from small import SMALL_TRAIN, write_task_dir
 
-    from site_lens.methods import I2CL, METHODS, LoRA, with_sequence_objective
-    from site_lens.methods.base import train_valid_examples
+    from site_lens.methods import I2CL, METHODS, LoRA, with_objective
+    from site_lens.stages.objectives import train_valid_examples
     from site_lens.tasks import load_task
 
     task = load_task("upper", data_dir=write_task_dir(tmp_path))
     base = I2CL(n_demos=3, train=SMALL_TRAIN) if kind == "i2cl" else LoRA(train=SMALL_TRAIN)
-    method = with_sequence_objective(base, f"{kind}_seq")
+    method = with_objective(base, "sequence", f"{kind}_seq")
     assert (method.name, method.train_cfg.objective) == (f"{kind}_seq", "sequence")
     method.fit(model, task, 0)
     _, valid = train_valid_examples(model, task, "sequence")

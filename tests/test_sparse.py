@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import shutil
@@ -115,7 +116,8 @@ def test_sparse_adapters_round_trip_and_bad_gate_is_refused(model, tmp_path):
     path = save_adapter(fit.adapter, tmp_path / "a")
     back = load_adapter(path)
     assert torch.equal(back.alpha, fit.alpha)
-    masked = load_adapter(save_adapter(fit.mask_adapter(), tmp_path / "m"))
+    thresholded = dataclasses.replace(fit.adapter.gate, threshold=fit.sparsity.threshold)
+    masked = load_adapter(save_adapter(dataclasses.replace(fit.adapter, gate=thresholded), tmp_path / "m"))
     assert torch.equal(masked.alpha.bool(), fit.mask())
     saved = {"kind": "hard_concrete", "low": -0.1, "high": 1.1, "threshold": None}
     assert json.loads((path / "cfg.json").read_text())["gate"] == saved

@@ -99,11 +99,6 @@ class SparseFit:
         """The heads whose alpha is above ``threshold`` (default: the config's)."""
         return self.alpha > (self.sparsity.threshold if threshold is None else threshold)
 
-    def mask_adapter(self, threshold: float | None = None) -> Adapter:
-        """An adapter injecting t into exactly the mask's heads (alpha 1 there, 0 elsewhere)."""
-        thr = self.sparsity.threshold if threshold is None else threshold
-        return dataclasses.replace(self.adapter, gate=dataclasses.replace(self.adapter.gate, threshold=thr))
-
     def summary(self) -> dict:
         """Weight, penalty, heads with alpha > 0.5, heads with alpha > 0, heads in the mask."""
         a = self.alpha
@@ -143,7 +138,9 @@ def fit_sparse(
     sparsity = sparsity or SparsityConfig()
     cfg = cfg or SiteConfig()
     if cfg.selection.objective != "first_token":
-        raise ConfigError(f"sparse SITE trains on the first answer token only, got objective {cfg.selection.objective!r}")
+        raise ConfigError(
+            f"sparse SITE trains on the first answer token only, got objective {cfg.selection.objective!r}"
+        )
     if t is None:
         t = task_embedding(model, task, cfg.embedding, cfg.seed)
     train, valid = examples or train_valid_examples(model, task)

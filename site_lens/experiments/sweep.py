@@ -209,12 +209,6 @@ def read_minimal(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return scores, small
 
 
-def load_minimal(folder: str | Path) -> tuple[Adapter, dict]:
-    """A finished folder's dense adapter and its minimal.json."""
-    folder = Path(folder)
-    return load_adapter(folder / "adapter"), json.loads((folder / DONE_FILE).read_text())
-
-
 def run_shared(
     model: Model, root: str | Path, tasks: Sequence[Task], seed: int = 0, cfg: SiteConfig | None = None
 ) -> pd.DataFrame:

@@ -50,11 +50,6 @@ def with_objective(method: Method, objective: str, name: str) -> Method:
     return method
 
 
-def with_sequence_objective(method: Method, name: str) -> Method:
-    """``method`` trained with the answer-sequence objective, under its own name."""
-    return with_objective(method, "sequence", name)
-
-
 # the trained methods with the answer-sequence objective (_seq) or, for multiple-choice tasks, the
 # option-token objective (_opt: the first token where the options differ), instead of the first token
 SUFFIXES = {"seq": "sequence", "opt": "option_token"}
@@ -129,5 +124,4 @@ __all__ = [
     "make_method",
     "score_method",
     "with_objective",
-    "with_sequence_objective",
 ]

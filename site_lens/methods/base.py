@@ -39,10 +39,10 @@ from ..engine.generate import generate_greedy
 from ..engine.options import option_accuracy, option_logprobs
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, Hooks
-from ..metrics import score
+from ..metrics import first_token_accuracy, score
 from ..models.engines import Model
 from ..stages.embeddings import embedding_prompts, task_embedding
-from ..stages.objectives import sequence_loss, train_valid_examples  # noqa: F401 (the baselines import it from here)
+from ..stages.objectives import sequence_loss
 from ..stages.training import first_token_loss, frozen, schedule, train_loop
 from ..tasks import Task, category, zero_shot_prompts
 from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
@@ -120,9 +120,7 @@ class Method:
         """Hooks for every forward pass, prompt and generated tokens."""
         return []
 
-    def predict(
-        self, model: Model, prompts: Sequence[str], cfg: EvalConfig | None = None
-    ) -> tuple[list[str], Tensor]:
+    def predict(self, model: Model, prompts: Sequence[str], cfg: EvalConfig | None = None) -> tuple[list[str], Tensor]:
         """Greedy generations and first-step logits with this method's hooks attached."""
         cfg = cfg or EvalConfig()
         with model.hooks(fwd_hooks=self.persistent_hooks(model)):
@@ -214,7 +212,7 @@ def score_method(
     accepted = [c.answers for c in choices] if choices is not None else None
     matches = score(preds, [a for _, a in prompts], bool(task.case_sensitive), accepted=accepted)
     return Score(
-        first_token_acc=float((first.argmax(-1) == targets).float().mean()),
+        first_token_acc=first_token_accuracy(first, targets),
         exact_match=matches["exact_match"],
         strict_match=matches["strict_match"],
         option_acc=option_acc,

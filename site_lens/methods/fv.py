@@ -30,8 +30,9 @@ from transformer_lens.utilities import get_act_name
 from ..gate import HookFactory
 from ..models.engines import Model, norm_gain
 from ..stages.cie import causal_indirect_effect
+from ..stages.objectives import train_valid_examples
 from ..tasks import Task
-from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
+from .base import Method, TaskContext, choose_layer, sum_last_token
 
 
 def add_at_hook(

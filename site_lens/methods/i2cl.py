@@ -28,8 +28,9 @@ from transformer_lens.utilities import get_act_name
 
 from ..gate import Hooks
 from ..models.engines import Model
+from ..stages.objectives import train_valid_examples
 from ..tasks import Task, format_pair
-from .base import Method, TaskContext, TrainConfig, sum_last_token, train_params, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, sum_last_token, train_params
 
 KINDS = ("attn_out", "mlp_out")
 
@@ -41,9 +42,7 @@ def linear_combine_hook(
     return lam[1].to(out.dtype) * out + lam[0].to(out.dtype) * c.to(out.dtype)
 
 
-def context_vectors(
-    model: Model, demos: Sequence[str], batch_size: int = 10
-) -> Float[Tensor, "kind layer d_model"]:
+def context_vectors(model: Model, demos: Sequence[str], batch_size: int = 10) -> Float[Tensor, "kind layer d_model"]:
     """Mean attention and MLP outputs at each demonstration's last token, per layer."""
     names = [get_act_name(k, layer) for k in KINDS for layer in range(model.cfg.n_layers)]
     total = sum_last_token(model, demos, names, batch_size)  # (kind * layer, d_model)

@@ -26,8 +26,9 @@ from ..config import ConfigError, _Config
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, injection_hooks
 from ..models.engines import Model
+from ..stages.objectives import train_valid_examples
 from ..tasks import Task
-from .base import Method, TaskContext, method_seed, train_valid_examples
+from .base import Method, TaskContext, method_seed
 
 
 @dataclass

@@ -27,8 +27,9 @@ from transformer_lens.hook_points import HookPoint
 
 from ..gate import Hooks
 from ..models.engines import Model, norm_gain
+from ..stages.objectives import train_valid_examples
 from ..tasks import Task
-from .base import Method, TaskContext, TrainConfig, method_seed, train_params, train_valid_examples
+from .base import Method, TaskContext, TrainConfig, method_seed, train_params
 
 
 def capture_hook(

@@ -21,8 +21,9 @@ from transformer_lens.utilities import get_act_name
 
 from ..gate import HookFactory
 from ..models.engines import Model
+from ..stages.objectives import train_valid_examples
 from ..tasks import Task
-from .base import Method, TaskContext, choose_layer, sum_last_token, train_valid_examples
+from .base import Method, TaskContext, choose_layer, sum_last_token
 
 
 def replace_at_hook(
@@ -33,9 +34,7 @@ def replace_at_hook(
     return resid.index_put((rows, pos), v.to(resid.dtype).expand(len(rows), -1))
 
 
-def mean_last_resid(
-    model: Model, prompts: Sequence[str], batch_size: int = 10
-) -> Float[Tensor, "layer d_model"]:
+def mean_last_resid(model: Model, prompts: Sequence[str], batch_size: int = 10) -> Float[Tensor, "layer d_model"]:
     """hook_resid_pre of every layer at the last token, averaged over prompts."""
     names = [get_act_name("resid_pre", layer) for layer in range(model.cfg.n_layers)]
     return sum_last_token(model, prompts, names, batch_size) / len(prompts)
@@ -58,7 +57,10 @@ class TaskVector(Method):
         _, valid = train_valid_examples(model, task)
         vecs = self.vectors.to(device=model.cfg.device, dtype=model.cfg.dtype)
         self.layer, losses = choose_layer(
-            model, valid[: self.max_valid], lambda layer: lambda r: vecs[layer].expand_as(r), list(range(model.cfg.n_layers))
+            model,
+            valid[: self.max_valid],
+            lambda layer: lambda r: vecs[layer].expand_as(r),
+            list(range(model.cfg.n_layers)),
         )
         self.info = {"layer": self.layer, "valid_loss_by_layer": losses}
 

@@ -78,7 +78,9 @@ class AlphaTrainer:
         if self.cfg.objective in TEACHER_FORCED:
             ce = sequence_loss(self.model, examples, prefill, backward=backward)
         else:
-            ce = first_token_loss(self.model, examples, prefill=prefill, batch_size=max(1, len(examples)), backward=backward)
+            ce = first_token_loss(
+                self.model, examples, prefill=prefill, batch_size=max(1, len(examples)), backward=backward
+            )
         extra = self.penalty()
         if extra is None:
             return ce
@@ -95,11 +97,6 @@ class AlphaTrainer:
         """
         alpha = self.gate.train_alpha(self.generator) if train else self.gate.alpha()
         return self._penalised(cache.loss(indices, alpha, self.t))
-
-    def valid_loss(self, valid: Sequence[Example]) -> float:
-        """Mean first-token CE of ``valid`` under the current gate, plus ``penalty()`` (whole prompts, no gradient)."""
-        with torch.no_grad():
-            return float(self.loss_naive(valid))
 
     def backend(self) -> Backend:
         """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model)."""
