@@ -201,7 +201,7 @@ class BridgeBackend:
 
     def span_logits(self, tokens, prefix, alpha=None, t=None) -> Tensor:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
-        check_rows(tokens.shape[0], prefix, alpha)
+        check_rows(tokens.shape[0], prefix, alpha, "spans")
         hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
         return self.run(tokens, prefix, hooks)
 
