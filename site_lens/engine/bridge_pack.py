@@ -1,11 +1,11 @@
 """The packed last-token engine for a TransformerBridge: ``LastToken`` built from the Hugging Face-layout weights.
 
-``LastToken``'s forwards read one record per layer (Q/K/V concatenated with the
-pre-norm's gain folded in, the output and MLP matrices input-major, rotary
-tables, norms); ``BridgePack`` builds the same records from the native
-transformers modules a bridge wraps, and takes its prefixes from the bridge's
-KV cache (keys already rotated, as ``LastToken`` keeps them). The forwards are
-``LastToken``'s own, so one packed engine serves both model engines.
+``LastToken``'s forward reads one ``packed_layer.PackedLayer`` per layer (Q/K/V
+concatenated with the pre-norm's gain folded in, the output and MLP matrices
+input-major, rotary tables, norms); ``BridgePack`` builds the same records from
+the native transformers modules a bridge wraps, and takes its prefixes from the
+bridge's KV cache (keys already rotated, as ``LastToken`` keeps them). The
+forward is ``LastToken``'s own, so one packed engine serves both model engines.
 
 It covers Llama-style blocks (Llama, Mistral, Qwen2; Qwen3's per-head Q/K
 norms) and Gemma 3 ((1 + w) norms, a norm after each sublayer, a scaled
@@ -155,6 +155,7 @@ class BridgePack(LastToken):
             w.cos, w.sin = tables[t]
 
     def _pack_hf(self, p: dict[str, Tensor], i: int, layer, cos: Tensor, sin: Tensor) -> PackedLayer:
+        """Layer i's weights as a ``PackedLayer``, read by their transformers names."""
         pre = f"model.layers.{i}."
         a, mlp = _raw(layer.self_attn), _raw(layer.mlp)
         eps = float(self.model.original_model.config.rms_norm_eps)
@@ -178,7 +179,7 @@ class BridgePack(LastToken):
         window = getattr(a, "sliding_window", None) if self.layer_types[i] == "sliding_attention" else None
         return PackedLayer(
             eps1=eps,
-            # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as LastToken packs it
+            # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as packed_layer.pack_block packs it
             w_qkv=gain("input_layernorm")[:, None] * torch.cat([w(f"self_attn.{n}_proj").T for n in "qkv"], 1),
             b_qkv=None
             if all(x is None for x in qkv_bias)
