@@ -3,7 +3,6 @@
 import pytest
 import torch
 from test_lasttoken import VARIANTS, _variant_model
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from site_lens.engine.backend import HookedBackend, backend_for, last_logits
 from site_lens.engine.generate import generate_greedy
@@ -48,10 +47,8 @@ def test_backends_agree_through_the_seam(variant):
         gates = torch.rand(3, c.n_layers, c.n_heads, generator=torch.Generator().manual_seed(2))
         out["many gates"] = b.logits(torch.full((3,), PROMPTS[1][-1]), prefix, gates, t)
         tokens, mask, last = pad_right(PROMPTS, 0)
-        kv = TransformerLensKeyValueCache.init_cache(c, "cpu", len(PROMPTS))
-        with torch.no_grad():
-            last_logits(model, tokens, last, attention_mask=mask, past_kv_cache=kv)
-            dec = b.decoder(kv, mask, 3)
+        with torch.no_grad():  # generation's seam: the prefill (hooks fire there), then the backend's decode steps
+            out["prefill"], dec = b.prefill(tokens, mask, last, injection_hooks(model, t, alpha, last), 4)
             nxt, steps = torch.tensor([1, 2, 3, 4]), []
             for _ in range(3):
                 nxt = dec.step(nxt, torch.zeros(len(PROMPTS), dtype=torch.bool))

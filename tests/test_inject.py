@@ -156,3 +156,35 @@ def test_attention_budget_does_not_change_generation(model, monkeypatch):
     one, first_one = generate_greedy(model, prompts, max_new_tokens=6, stop_ids=set())
     assert one == full
     assert torch.allclose(first_one, first_full, atol=1e-5)
+
+
+def test_generation_under_gates_is_the_same_on_either_backend(model):
+    """generate_under_gates' hooked branch (one generate_greedy call per gate) gives the packed branch's tokens,
+    first-step logits and early stops."""
+    from site_lens.engine.backend import backend_for, use_backend
+    from site_lens.engine.generate import generate_under_gates
+
+    prompts = encode(model, ["Q: sun\nA:", "Q: moonlight\nA:", "Q: x\nA:", "Q: a longer one\nA:"])
+    t = _t(model) * 3
+    alphas = [torch.rand(model.cfg.n_layers, model.cfg.n_heads), torch.ones(model.cfg.n_layers, model.cfg.n_heads)]
+
+    def settled(i, toks):
+        return len(toks) >= i + 1
+
+    runs = {}
+    for kind in ("packed", "hooked"):
+        use_backend(model, kind)
+        try:
+            assert backend_for(model).name == kind
+            runs[kind] = [
+                list(generate_under_gates(model, prompts, t, alphas, max_new_tokens=6, finished=f))
+                for f in (None, settled)
+            ]
+        finally:
+            use_backend(model, "auto")
+    (full, cut), (full_h, cut_h) = runs["packed"], runs["hooked"]
+    for (gen, first), (gen_h, first_h), (short, _), (short_h, _) in zip(full, full_h, cut, cut_h):
+        assert gen == gen_h and short == short_h
+        assert torch.allclose(first, first_h, atol=1e-5)
+        assert short == [g[: i + 1] for i, g in enumerate(gen)] != gen  # rows stopped early, the rest unchanged
+    assert full[0][0] != full[1][0]  # the gates differ, so the comparison can tell them apart

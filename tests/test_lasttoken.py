@@ -420,7 +420,7 @@ def test_runner_packed_while_weights_require_grad_trains_and_leaves_them_alone()
     model = _tiny()
     model.requires_grad_(True)  # e.g. a model loaded straight from TransformerLens
     runner = LastToken(model)
-    assert all(not v.requires_grad for w in runner.layers for v in w.values() if isinstance(v, torch.Tensor))
+    assert all(not v.requires_grad for w in runner.layers for v in vars(w).values() if isinstance(v, torch.Tensor))
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
     tokens = torch.tensor([[5, 9, 17, 3, 22]])

@@ -1,12 +1,14 @@
 """The engine: how the model runs under SITE's gate, below the stages.
 
-  backend         the last-token seam: the reference path or packed weights, chosen once per model
-  bridge_backend  the TransformerBridge's side of the seam (Hugging Face KV cache)
-  packed          the packed model: one token through packed weights against cached keys/values
-  bridge_pack     packed weights read from a TransformerBridge
-  kernels         C++ kernels for the packed path (csrc/), compiled on first use
-  prefix          prompt prefixes' keys and values, and decode caches
-  prompt_cache    many prompts against their cached prefixes
-  generate        stage 3: greedy generation with SITE injected once, at prefill
-  options         multiple-choice scoring of an item's options
+backend         the last-token seam: the reference path or packed weights, chosen once per model
+hooked_backend  the reference: the HookedTransformer against a frozen TransformerLens KV cache
+bridge_backend  the TransformerBridge's side of the seam (Hugging Face KV cache)
+packed          the packed model: one forward for the last token(s) against cached keys/values
+packed_layer    one layer's packed weights (PackedLayer), and what a HookedTransformer must be to pack
+bridge_pack     packed weights read from a TransformerBridge
+kernels         C++ kernels for the packed path (csrc/), compiled on first use
+prefix          prompt prefixes' keys and values, and decode caches
+prompt_cache    many prompts against their cached prefixes
+generate        stage 3: greedy generation with SITE injected once, at prefill
+options         multiple-choice scoring of an item's options
 """

@@ -6,10 +6,10 @@ CIE, MTV's rewards, the choice of layer for FV/TV, patching and transfer then
 run one token per prompt against it, and greedy generation runs one token per
 row per step. Two backends do that with the same results:
 
-* ``HookedBackend``: the HookedTransformer itself with a frozen
-  TransformerLens KV cache. Every hook fires; this is the reference.
+* ``HookedBackend`` (``hooked_backend``): the HookedTransformer itself with a
+  frozen TransformerLens KV cache. Every hook fires; this is the reference.
 * ``PackedBackend``: ``packed.LastToken``, the same computation from packed
-  weights without the hook machinery (several times faster on CPU).
+  weights without the hook machinery.
 * ``BridgeBackend`` (``bridge_backend``): a TransformerBridge (``models.engines``),
   every hook firing, prefixes in a Hugging Face KV cache (checked once per model
   against the full forward; re-run where that disagrees): a bridge's reference.
@@ -33,22 +33,37 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-from transformer_lens.utilities import get_act_name
 
-from ..gate import Hooks, injection_hooks
+from ..gate import Hooks
 from ..models.engines import Model, architecture, is_bridge, weights_stamp
-from .bridge_backend import BridgeBackend, BridgeDecoder, attached, logits_at_positions
+from .bridge_backend import BridgeBackend, BridgeDecoder
 from .bridge_backend import forget as forget_bridge
 from .bridge_backend import hook_points as bridge_points
-from .packed import LastToken, unsupported
-from .prefix import DecodeCache, Prefix, check_rows
+from .hooked_backend import HookedBackend, HookedDecoder, hooked_prefill, last_logits, logits_at
+from .packed import LastToken, ResidEdits, unsupported
+from .prefix import DecodeCache, Prefix
+
+# the seam's API; the hooked model's forwards (``hooked_backend``) are reached from here too
+__all__ = [
+    "Backend",
+    "Decoder",
+    "HookedBackend",
+    "PackedBackend",
+    "ResidEdits",
+    "backend_for",
+    "describe",
+    "forget",
+    "last_logits",
+    "logits_at",
+    "packed_blocker",
+    "probe_check",
+    "use_backend",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,165 +73,17 @@ PACKED_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Gemma3ForCausalLM"})
 BACKENDS = ("auto", "hooked", "packed")
 PROBE_TOL = 1e-4  # probe check: max |packed - hooked| logit over max |logit|, plus this absolute
 
-ResidEdits = dict[int, Callable[[Tensor], Tensor]]
-
-
-def logits_at(
-    model: Model,
-    tokens: Int[Tensor, "batch pos"],
-    positions: Int[Tensor, "batch width"],
-    *,
-    hooks: Hooks = (),
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
-    past_kv_cache: TransformerLensKeyValueCache | None = None,
-) -> Float[Tensor, "batch width d_vocab"]:
-    """Logits at ``positions`` of each row through the hooked model, unembedding only those positions.
-
-    On a TransformerBridge the native model unembeds every position (no KV cache is taken).
-    """
-    if is_bridge(model):
-        if past_kv_cache is not None:
-            raise ValueError("a TransformerBridge takes no TransformerLens KV cache")
-        with attached(model, list(hooks)):
-            return logits_at_positions(model, tokens, positions.to(tokens.device), attention_mask=attention_mask)
-    with model.hooks(fwd_hooks=list(hooks)):
-        resid = model(
-            tokens, stop_at_layer=model.cfg.n_layers, attention_mask=attention_mask, past_kv_cache=past_kv_cache
-        )  # (batch, pos, d_model)
-        rows = torch.arange(tokens.shape[0], device=resid.device)[:, None]
-        r = resid[rows, positions]  # (batch, width, d_model)
-        if model.cfg.normalization_type is not None:
-            r = model.ln_final(r)
-        logits = model.unembed(r)  # (batch, width, d_vocab)
-    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
-    if cap > 0:
-        logits = cap * torch.tanh(logits / cap)
-    return logits
-
-
-def last_logits(
-    model: Model,
-    tokens: Int[Tensor, "batch pos"],
-    last: Int[Tensor, " batch"],
-    *,
-    hooks: Hooks = (),
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
-    past_kv_cache: TransformerLensKeyValueCache | None = None,
-) -> Float[Tensor, "batch d_vocab"]:
-    """Logits at one position per row through the hooked model, without unembedding every position."""
-    return logits_at(
-        model, tokens, last[:, None], hooks=list(hooks), attention_mask=attention_mask, past_kv_cache=past_kv_cache
-    )[:, 0]
-
-
-def hooked_prefill(
-    model: Model, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks
-) -> tuple[Tensor, TransformerLensKeyValueCache]:
-    """Right-padded prompts through the hooked model into a new TransformerLens cache; logits at ``last``."""
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
-    return last_logits(model, tokens, last, hooks=hooks, attention_mask=mask, past_kv_cache=cache), cache
-
 
 def _hooks_attached(model: Model) -> bool:
     points = bridge_points(model) if is_bridge(model) else model.hook_dict  # a bridge rebuilds hook_dict per call
     return any(hp._forward_hooks or hp._backward_hooks for hp in points.values())
 
 
-# ---------------------------------------------------------------- the two backends
-
-
-class HookedBackend:
-    """The reference: the hooked model against a frozen TransformerLens KV cache; every hook fires."""
-
-    name = "hooked"
-    kv_cache = True  # generation prefills a TransformerLens cache and decodes against it
-
-    def __init__(self, model: Model, reason: str = ""):
-        self.model, self.reason = model, reason
-
-    @torch.no_grad()  # not inference_mode: these tensors enter autograd graphs later
-    def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
-        """Keys and values of equal-length prompt prefixes (TransformerLens's layout, unrotated)."""
-        cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, tokens.shape[0])
-        self.model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
-        # (batch, pos, kv_head, d_head) stored as (batch, kv_head, pos, d_head) views, the Prefix layout
-        return Prefix(
-            [e.past_keys.transpose(1, 2) for e in cache.entries], [e.past_values.transpose(1, 2) for e in cache.entries]
-        )
-
-    def frozen_cache(self, prefix: Prefix, batch: int) -> TransformerLensKeyValueCache:
-        """A frozen TransformerLens cache holding ``prefix`` for ``batch`` rows (later tokens attend to it)."""
-        model = self.model
-        cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, batch)
-        for entry, k, v in zip(cache.entries, prefix.keys, prefix.values):
-            entry.past_keys = k.transpose(1, 2).expand(batch, -1, -1, -1)
-            entry.past_values = v.transpose(1, 2).expand(batch, -1, -1, -1)
-        cache.previous_attention_mask = torch.ones((batch, prefix.length), dtype=torch.long, device=model.cfg.device)
-        cache.freeze()
-        return cache
-
-    def logits(
-        self,
-        tokens: Int[Tensor, " batch"],
-        prefix: Prefix,
-        alpha: Float[Tensor, "*arows layer head_index"] | None = None,
-        t: Float[Tensor, "*trows layer head_index d_head"] | None = None,
-        resid_edits: ResidEdits | None = None,
-    ) -> Float[Tensor, "batch d_vocab"]:
-        """Logits of the token after each row's prefix (see ``LastToken.logits`` for the arguments)."""
-        B = tokens.shape[0]
-        check_rows(B, prefix, alpha)
-        hooks: Hooks = []
-        if alpha is not None and t is not None:
-            hooks += injection_hooks(self.model, t, alpha, 0)
-        for layer, edit in (resid_edits or {}).items():
-            hooks.append((get_act_name("resid_pre", layer), lambda r, hook, edit=edit: edit(r[:, 0])[:, None]))
-        zero = torch.zeros(B, dtype=torch.long, device=tokens.device)
-        one = tokens[:, None]  # (batch, 1)
-        cache = self.frozen_cache(prefix, B)
-        return last_logits(self.model, one, zero, hooks=hooks, attention_mask=torch.ones_like(one), past_kv_cache=cache)
-
-    def span_logits(
-        self,
-        tokens: Int[Tensor, "batch n"],
-        prefix: Prefix,
-        alpha: Float[Tensor, "*arows layer head_index"] | None = None,
-        t: Float[Tensor, "*trows layer head_index d_head"] | None = None,
-    ) -> Float[Tensor, "batch n d_vocab"]:
-        """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
-        B = tokens.shape[0]
-        check_rows(B, prefix, alpha)
-        hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
-        cache = self.frozen_cache(prefix, B)
-        return self.model.run_with_hooks(
-            tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, fwd_hooks=hooks
-        )
-
-    def run(self, tokens: Int[Tensor, "batch n"], prefix: Prefix, hooks: Hooks) -> Float[Tensor, "batch n d_vocab"]:
-        """Logits of n tokens after each row's prefix, with ``hooks`` (positions counted from the first new token)."""
-        B, n = tokens.shape
-        positions = torch.arange(n, device=tokens.device).expand(B, -1)
-        cache = self.frozen_cache(prefix, B)
-        return logits_at(
-            self.model, tokens, positions, hooks=hooks, attention_mask=torch.ones_like(tokens), past_kv_cache=cache
-        )
-
-    def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
-        """Greedy decode steps after a prefill into ``cache`` (TransformerLens's own cache)."""
-        return HookedDecoder(self.model, cache)
-
-    def prefill(self, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks, max_new: int) -> tuple[Tensor, Decoder]:
-        """(logits at each row's last prompt token, a decoder): the hooked model fills TransformerLens's cache."""
-        logits, cache = hooked_prefill(self.model, tokens, mask, last, hooks)
-        return logits, (self.decoder(cache, mask, max_new) if max_new > 1 else None)
-
-
 class PackedBackend:
     """``LastToken`` from packed weights: a snapshot of the weights at the first use.
 
     ``backend_for`` checks the weights each time it hands a backend out (once per fit, CIE,
-    generation ...) and gives a new snapshot when they changed; nothing is checked per token
-    (checking 300 parameters costs about 1 ms, a training step 50).
+    generation ...) and gives a new snapshot when they changed; nothing is checked per token.
     """
 
     name = "packed"
@@ -228,17 +95,21 @@ class PackedBackend:
         self._runner: LastToken | None = None
 
     @property
+    def model(self) -> Model:
+        model = self._model()
+        assert model is not None, "the model is gone"
+        return model
+
+    @property
     def runner(self) -> LastToken:
         """The packed weights, packed on first use."""
         if self._runner is None:
-            model = self._model()
-            assert model is not None, "the model is gone"
-            if is_bridge(model):
+            if is_bridge(self.model):
                 from .bridge_pack import BridgePack
 
-                self._runner = BridgePack(model)  # the same engine, packed from the transformers weights
+                self._runner = BridgePack(self.model)  # the same engine, packed from the transformers weights
             else:
-                self._runner = LastToken(model)
+                self._runner = LastToken(self.model)
         return self._runner
 
     def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
@@ -253,47 +124,17 @@ class PackedBackend:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
         return self.runner.span_logits(tokens, prefix, alpha, t)
 
-    def prefill(self, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks, max_new: int) -> tuple[Tensor, Decoder]:
-        """(logits at each row's last prompt token, a decoder): the hooked prefill, packed decode steps after it
-        (a bridge prefills and decodes against its own KV cache)."""
+    def prefill(
+        self, tokens: Tensor, mask: Tensor, last: Tensor, hooks: Hooks, max_new: int
+    ) -> tuple[Tensor, Decoder | None]:
+        """(logits at each row's last prompt token, a decoder for the ``max_new - 1`` steps after it): the hooked
+        prefill, packed decode steps taking over its cache (a bridge prefills and decodes against its own)."""
         if is_bridge(self.model):
             return BridgeBackend(self.model).prefill(tokens, mask, last, hooks, max_new)
         logits, cache = hooked_prefill(self.model, tokens, mask, last, hooks)
-        return logits, (self.decoder(cache, mask, max_new) if max_new > 1 else None)
-
-    @property
-    def model(self) -> Model:
-        model = self._model()
-        assert model is not None, "the model is gone"
-        return model
-
-    def decoder(self, cache: TransformerLensKeyValueCache, mask: Tensor, max_new: int) -> Decoder:
-        """Greedy decode steps from packed weights, taking over the prefilled TransformerLens cache."""
-        if is_bridge(self.model):
-            raise ValueError("a bridge has no TransformerLens cache to decode from: use prefill()")
-        runner = self.runner
-        return PackedDecoder(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
-
-
-Backend = HookedBackend | PackedBackend | BridgeBackend
-
-
-# ---------------------------------------------------------------- decoding
-
-
-class HookedDecoder:
-    """One token per row through the hooked model and TransformerLens's cache."""
-
-    def __init__(self, model: Model, cache: TransformerLensKeyValueCache):
-        self.model, self.cache = model, cache
-
-    def step(self, nxt: Int[Tensor, " batch"], done: Tensor) -> Int[Tensor, " batch"]:
-        """Next greedy token of every row (finished rows too; the caller ignores them)."""
-        one = nxt[:, None]
-        zero = torch.zeros(len(nxt), dtype=torch.long, device=nxt.device)
-        return last_logits(self.model, one, zero, attention_mask=torch.ones_like(one), past_kv_cache=self.cache).argmax(
-            -1
-        )
+        if max_new <= 1:
+            return logits, None
+        return logits, PackedDecoder(self.runner, self.runner.decode_cache(cache, mask, max_new), mask.shape[0])
 
 
 class PackedDecoder:
@@ -313,6 +154,8 @@ class PackedDecoder:
         out[self.live] = self.runner.decode(nxt[self.live], self.state).argmax(-1)
         return out
 
+
+Backend = HookedBackend | PackedBackend | BridgeBackend
 
 Decoder = HookedDecoder | PackedDecoder | BridgeDecoder
 

@@ -43,9 +43,9 @@ _POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> {h
 def attached(model, hooks: Hooks) -> Iterator[None]:
     """``model.hooks(fwd_hooks=hooks)`` for a bridge, with its hook points looked up once per model.
 
-    The bridge's own ``hooks`` rebuilds its alias table for every hook it adds (about 10 ms
-    each on a 30-layer model, more than a training step's forward); this adds and removes the
-    same hooks, at their own context level, through the hook points themselves.
+    The bridge's own ``hooks`` rebuilds its alias table for every hook it adds (on a 30-layer
+    model, more than a training step's forward); this adds and removes the same hooks, at
+    their own context level, through the hook points themselves.
     """
     points = hook_points(model)
     if any(not isinstance(name, str) or name not in points for name, _ in hooks):  # filters: the bridge's own way
@@ -201,7 +201,7 @@ class BridgeBackend:
 
     def span_logits(self, tokens, prefix, alpha=None, t=None) -> Tensor:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
-        check_rows(tokens.shape[0], prefix, alpha)
+        check_rows(tokens.shape[0], prefix, alpha, "spans")
         hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
         return self.run(tokens, prefix, hooks)
 

@@ -1,11 +1,11 @@
 """The packed last-token engine for a TransformerBridge: ``LastToken`` built from the Hugging Face-layout weights.
 
-``LastToken``'s forwards read one record per layer (Q/K/V concatenated with the
-pre-norm's gain folded in, the output and MLP matrices input-major, rotary
-tables, norms); ``BridgePack`` builds the same records from the native
-transformers modules a bridge wraps, and takes its prefixes from the bridge's
-KV cache (keys already rotated, as ``LastToken`` keeps them). The forwards are
-``LastToken``'s own, so one packed engine serves both model engines.
+``LastToken``'s forward reads one ``packed_layer.PackedLayer`` per layer (Q/K/V
+concatenated with the pre-norm's gain folded in, the output and MLP matrices
+input-major, rotary tables, norms); ``BridgePack`` builds the same records from
+the native transformers modules a bridge wraps, and takes its prefixes from the
+bridge's KV cache (keys already rotated, as ``LastToken`` keeps them). The
+forward is ``LastToken``'s own, so one packed engine serves both model engines.
 
 It covers Llama-style blocks (Llama, Mistral, Qwen2; Qwen3's per-head Q/K
 norms) and Gemma 3 ((1 + w) norms, a norm after each sublayer, a scaled
@@ -23,7 +23,8 @@ from torch import Tensor
 from ..models.engines import architecture
 from .bridge_backend import BridgeBackend, cache_agrees
 from .kernels import available as kernels_available
-from .packed import LastToken, _nonzero
+from .packed import LastToken
+from .packed_layer import Norm, PackedLayer, bias_or_none
 from .prefix import Prefix
 
 # transformers architectures whose blocks BridgePack packs (each held to the bridge by the probe as well)
@@ -128,7 +129,7 @@ class BridgePack(LastToken):
         scale = getattr(_raw(hf.model.embed_tokens), "embed_scale", None)
         self.embed_scale = None if scale is None else scale.to(self.embed.dtype).item()
         self.eps_final = float(cfg.rms_norm_eps)
-        self.b_U = _nonzero(getattr(head, "bias", None))
+        self.b_U = bias_or_none(getattr(head, "bias", None))
         self._share_tables()
 
     def _tables(self, n: int, layer_type: str | None = None) -> tuple[Tensor, Tensor]:
@@ -146,14 +147,15 @@ class BridgePack(LastToken):
 
     def _cover(self, n: int) -> None:
         """Grow every layer's rotary table to ``n`` positions."""
-        if n <= self.layers[0]["cos"].shape[0]:
+        if n <= self.layers[0].cos.shape[0]:
             return
-        size = max(n, 2 * self.layers[0]["cos"].shape[0])
+        size = max(n, 2 * self.layers[0].cos.shape[0])
         tables = {t: self._tables(size, t) for t in set(self.layer_types)}
         for w, t in zip(self.layers, self.layer_types):
-            w["cos"], w["sin"] = tables[t]
+            w.cos, w.sin = tables[t]
 
-    def _pack_hf(self, p: dict[str, Tensor], i: int, layer, cos: Tensor, sin: Tensor) -> dict:
+    def _pack_hf(self, p: dict[str, Tensor], i: int, layer, cos: Tensor, sin: Tensor) -> PackedLayer:
+        """Layer i's weights as a ``PackedLayer``, read by their transformers names."""
         pre = f"model.layers.{i}."
         a, mlp = _raw(layer.self_attn), _raw(layer.mlp)
         eps = float(self.model.original_model.config.rms_norm_eps)
@@ -168,22 +170,22 @@ class BridgePack(LastToken):
             t = p.get(pre + name + ".weight")
             return None if t is None else t + self.offset
 
-        def norm(name: str) -> tuple[Tensor, float] | None:
+        def norm(name: str) -> Norm | None:
             g = gain(name)
             return None if g is None else (g, eps)
 
         qkv_bias = [b(f"self_attn.{n}_proj") for n in "qkv"]
         ln2 = "pre_feedforward_layernorm" if self.gemma else "post_attention_layernorm"
         window = getattr(a, "sliding_window", None) if self.layer_types[i] == "sliding_attention" else None
-        return dict(
+        return PackedLayer(
             eps1=eps,
-            # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as LastToken packs it
+            # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as packed_layer.pack_block packs it
             w_qkv=gain("input_layernorm")[:, None] * torch.cat([w(f"self_attn.{n}_proj").T for n in "qkv"], 1),
             b_qkv=None
             if all(x is None for x in qkv_bias)
-            else _nonzero(torch.cat([x for x in qkv_bias if x is not None])),
+            else bias_or_none(torch.cat([x for x in qkv_bias if x is not None])),
             w_o=w("self_attn.o_proj").T.contiguous(),  # (head d_head, d_model)
-            b_o=_nonzero(b("self_attn.o_proj")),
+            b_o=bias_or_none(b("self_attn.o_proj")),
             scale=1.0 / float(a.scaling),
             cos=cos,
             sin=sin,

@@ -21,7 +21,9 @@ from torch import Tensor
 from ..gate import HookFactory, injection_hooks
 from ..models.engines import Model
 from ..tokens import check_context, fit_batches, generation_stop_ids, pad_id, pad_right
-from .backend import PackedBackend, backend_for, last_logits
+from .backend import Backend, Decoder, PackedBackend, PackedDecoder, backend_for, last_logits
+
+Finished = Callable[[int, list[int]], bool]  # (row or prompt index, its tokens so far) -> stop that row
 
 
 @torch.inference_mode()
@@ -35,19 +37,21 @@ def generate_greedy(
     batch_size: int = 16,
     use_cache: bool = True,
     backend: str | None = None,
+    finished: Finished | None = None,
 ) -> tuple[list[list[int]], Float[Tensor, "batch d_vocab"]]:
     """Greedy continuation of token prompts; returns (new tokens per prompt, first-step logits).
 
     ``prefill_hooks(last)`` gives the hooks for the prompt pass (``last`` holds
     each row's last prompt index): with the KV cache they run once, at prefill;
     without it (the reference path) they run on every full re-forward, always at
-    those same absolute positions. Rows stop at any of ``stop_ids``. Prompts are
+    those same absolute positions. Rows stop at any of ``stop_ids``, and once
+    ``finished(prompt index, tokens so far)`` is true. Prompts are
     sorted by length and right-padded; an explicit attention mask gives the
     rotary positions and masks the pads, so batching does not change results.
-    With the cache, steps after the first run on the model's backend
-    (``backend.backend_for``; ``backend="hooked"`` forces the hooked model, as do
-    hooks attached while decoding). Tests check the packed, hooked and uncached
-    paths give the same tokens.
+    With the cache, steps after the first run on the model's backend, chosen once
+    per call (``backend.backend_for``; ``backend="hooked"`` forces the hooked
+    model, as do hooks attached to the model). Tests check the packed, hooked and
+    uncached paths give the same tokens.
     """
     check_context(model, [len(p) for p in prompts], max_new_tokens)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -55,45 +59,60 @@ def generate_greedy(
     first = torch.empty(len(prompts), model.cfg.d_vocab)
     stop = stop_ids if stop_ids is not None else generation_stop_ids(model)
     lengths = [len(p) + max_new_tokens for p in prompts]  # the KV cache grows while decoding
+    chosen = backend_for(model, backend) if use_cache else None
     for idx in fit_batches(order, lengths, batch_size, model.cfg.n_heads):
         batch = [prompts[i] for i in idx]
-        if use_cache and backend_for(model, backend).kv_cache:
-            gen, logits0 = _generate_cached(model, batch, max_new_tokens, prefill_hooks, stop, backend)
+        settled = None if finished is None else (lambda j, toks, idx=idx: finished(idx[j], toks))
+        if chosen is not None and chosen.kv_cache:
+            gen, logits0 = _generate_cached(chosen, model, batch, max_new_tokens, prefill_hooks, stop, settled)
         else:
-            gen, logits0 = _generate_uncached(model, batch, max_new_tokens, prefill_hooks, stop)
+            gen, logits0 = _generate_uncached(model, batch, max_new_tokens, prefill_hooks, stop, settled)
         for j, i in enumerate(idx):
             outs[i] = gen[j]
             first[i] = logits0[j].float().cpu()
     return outs, first
 
 
-def _finish(gen: list[list[int]], nxt: Tensor, done: Tensor, stop: set[int]) -> None:
-    for j, tok in enumerate(nxt.tolist()):
-        if not done[j]:
-            gen[j].append(tok)
-            if tok in stop:
-                done[j] = True
-
-
-def _generate_cached(model, batch, max_new, prefill_hooks, stop, backend=None):
-    device = model.cfg.device
-    tokens, mask, last = pad_right(batch, pad_id(model), device)
-    hooks = prefill_hooks(last) if prefill_hooks else []
-    logits, decoder = backend_for(model, backend).prefill(tokens, mask, last, hooks, max_new)
-    logits0 = logits
-    gen: list[list[int]] = [[] for _ in batch]
-    done = torch.zeros(len(batch), dtype=torch.bool)
+def decode_greedy(
+    decoder: Decoder | None,
+    logits: Float[Tensor, "batch d_vocab"],
+    max_new: int,
+    stop: set[int],
+    finished: Finished | None = None,
+) -> list[list[int]]:
+    """Each row's greedy tokens from its first-step ``logits``, then ``decoder.step`` until every row has met a
+    token of ``stop`` or ``finished(row, tokens so far)``, or has ``max_new`` tokens (``decoder``: None
+    for ``max_new`` 1). The one decode loop of every cached generation."""
+    gen: list[list[int]] = [[] for _ in range(logits.shape[0])]
+    done = torch.zeros(len(gen), dtype=torch.bool)
     nxt = logits.argmax(-1)  # (batch,)
     for step in range(max_new):
-        _finish(gen, nxt, done, stop)
+        _finish(gen, nxt, done, stop, finished)
         if bool(done.all()) or step == max_new - 1:
             break
         assert decoder is not None
         nxt = decoder.step(nxt, done)
-    return gen, logits0
+    return gen
 
 
-def _generate_uncached(model, batch, max_new, prefill_hooks, stop):
+def _finish(gen: list[list[int]], nxt: Tensor, done: Tensor, stop: set[int], finished: Finished | None) -> None:
+    """Append each running row's token; a row is done at a stop token or once ``finished`` says so."""
+    for j, tok in enumerate(nxt.tolist()):
+        if not done[j]:
+            gen[j].append(tok)
+            if tok in stop or (finished is not None and finished(j, gen[j])):
+                done[j] = True
+
+
+def _generate_cached(backend: Backend, model, batch, max_new, prefill_hooks, stop, finished=None):
+    """Prefill on ``backend`` (the hooks fire there only), then its decode steps."""
+    tokens, mask, last = pad_right(batch, pad_id(model), model.cfg.device)
+    hooks = prefill_hooks(last) if prefill_hooks else []
+    logits, decoder = backend.prefill(tokens, mask, last, hooks, max_new)
+    return decode_greedy(decoder, logits, max_new, stop, finished), logits
+
+
+def _generate_uncached(model, batch, max_new, prefill_hooks, stop, finished=None):
     """Reference path: re-run the whole sequence every step, injecting at the same positions."""
     device = model.cfg.device
     seqs = [list(s) for s in batch]
@@ -108,7 +127,7 @@ def _generate_uncached(model, batch, max_new, prefill_hooks, stop):
         if logits0 is None:
             logits0 = logits
         nxt = logits.argmax(-1)
-        _finish(gen, nxt, done, stop)
+        _finish(gen, nxt, done, stop, finished)
         if bool(done.all()):
             break
         for j in range(len(seqs)):
@@ -125,14 +144,14 @@ def generate_under_gates(
     *,
     max_new_tokens: int = 20,
     batch_size: int = 64,
-    finished: Callable[[int, list[int]], bool] | None = None,
+    finished: Finished | None = None,
 ) -> Iterator[tuple[list[list[int]], Float[Tensor, "batch d_vocab"]]]:
     """``generate_greedy`` with t injected at the last prompt token, once per gate in ``alphas`` (yielded in turn).
 
     On the packed backend every prompt's prefix (all but its last token) is computed once and
     shared by all the gates; each gate then runs the last token and the decode steps only.
-    Elsewhere (the hooked backend) each gate is a ``generate_greedy`` call. Rows stop at a newline,
-    and, on the packed backend, once ``finished(prompt index, tokens so far)`` is true (a caller
+    Elsewhere (the hooked backend) each gate is a ``generate_greedy`` call. Rows stop at the model's
+    stop tokens (a newline), and once ``finished(prompt index, tokens so far)`` is true (a caller
     that only needs to know whether an answer matches stops rows whose verdict is settled).
     """
     check_context(model, [len(p) for p in prompts], max_new_tokens)
@@ -147,6 +166,7 @@ def generate_under_gates(
                 max_new_tokens=max_new_tokens,
                 prefill_hooks=lambda last, a=a: injection_hooks(model, t, a.to(device=dev, dtype=dt), last),
                 batch_size=batch_size,
+                finished=finished,
             )
         return
     runner = backend.runner
@@ -161,31 +181,14 @@ def generate_under_gates(
             groups.append((part, backend.prefix(toks[:, :-1]), toks[:, -1]))
     for alpha in alphas:
         a = alpha.to(device=dev, dtype=dt)
-        gen_all: list[list[int]] = [[] for _ in prompts]
+        gen: list[list[int]] = [[] for _ in prompts]
         first = torch.empty(len(prompts), model.cfg.d_vocab)
         for part, prefix, last in groups:
             cache = runner.start_decode(prefix, max_new_tokens)
             logits = runner.decode(last, cache, a, t)  # the last prompt token, gated
             first[part] = logits.float().cpu()
-            gen: list[list[int]] = [[] for _ in part]
-            done = torch.zeros(len(part), dtype=torch.bool)
-            nxt = logits.argmax(-1)
-            live = torch.arange(len(part))  # rows still in ``cache``, in its row order
-            for step in range(max_new_tokens):
-                _finish(gen, nxt, done, stop)
-                if finished is not None:
-                    for j in range(len(part)):
-                        if not done[j] and finished(part[j], gen[j]):
-                            done[j] = True
-                if bool(done.all()) or step == max_new_tokens - 1:
-                    break
-                running = ~done[live]
-                if int(running.sum()) <= 0.75 * len(live):  # drop finished rows from the batch
-                    keep = running.nonzero()[:, 0]
-                    cache, live = cache.select(keep.to(cache.pos.device)), live[keep]
-                out = nxt.clone()
-                out[live] = runner.decode(nxt[live], cache).argmax(-1)
-                nxt = out
+            settled = None if finished is None else (lambda j, toks, part=part: finished(part[j], toks))
+            rows = decode_greedy(PackedDecoder(runner, cache, len(part)), logits, max_new_tokens, stop, settled)
             for j, i in enumerate(part):
-                gen_all[i] = gen[j]
-        yield gen_all, first
+                gen[i] = rows[j]
+        yield gen, first

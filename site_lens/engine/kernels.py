@@ -2,12 +2,12 @@
 
 A batch-1 SITE step (and a batch-1 decoding step) multiplies a single row by
 every weight matrix, forward and, for the step, backward to the row. Those
-products only stream the weights, so they run at memory bandwidth at best;
-MKL's one-row products reach 11-25 GB/s here on one core. ``csrc/kernels.cpp``
+products only stream the weights, so they run at memory bandwidth at best,
+and MKL's one-row products reach a fraction of it. ``csrc/kernels.cpp``
 streams the input-major (K, N) matrix in storage order in both directions and
-splits its rows between ``torch.get_num_threads()`` threads (BENCHMARKS.md).
-Their autograd, and a weightless RMSNorm's, is written in C++: a Python
-``autograd.Function`` costs ~20 us a call, as much as a small product.
+splits its rows between ``torch.get_num_threads()`` threads (measured in
+BENCHMARKS.md). Their autograd, and a weightless RMSNorm's, is written in C++:
+a Python ``autograd.Function`` costs as much per call as a small product.
 
 The kernel is built once per source, torch version and CPU with
 ``torch.utils.cpp_extension`` (needs a C++ compiler and ninja) into

@@ -49,12 +49,12 @@ class Prefix:
         )
 
 
-def check_rows(batch: int, prefix: Prefix, alpha: Tensor | None) -> None:
-    """ValueError unless ``alpha`` and ``prefix`` have one row or ``batch`` rows."""
+def check_rows(batch: int, prefix: Prefix, alpha: Tensor | None, what: str = "tokens") -> None:
+    """ValueError unless ``alpha`` and ``prefix`` have one row or ``batch`` rows (one per token, or span: ``what``)."""
     if alpha is not None and alpha.dim() == 3 and alpha.shape[0] != batch:
-        raise ValueError(f"alpha has {alpha.shape[0]} rows for {batch} tokens")
+        raise ValueError(f"alpha has {alpha.shape[0]} rows for {batch} {what}")
     if prefix.rows not in (1, batch):
-        raise ValueError(f"prefix has {prefix.rows} rows for {batch} tokens")
+        raise ValueError(f"prefix has {prefix.rows} rows for {batch} {what}")
 
 
 @dataclass
