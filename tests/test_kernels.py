@@ -156,3 +156,35 @@ def test_build_uses_a_copy_of_the_source_in_the_cache(monkeypatch, tmp_path):
     (src,) = map(Path, seen["sources"])
     assert src.parent == Path(seen["build_directory"]) and src.parent.is_relative_to(tmp_path)
     assert src.read_bytes() == kernels.SOURCE.read_bytes()
+
+
+def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next(monkeypatch, tmp_path):
+    """Builds take turns under an OS lock (released when its holder dies); holding it, torch's leftover lock goes."""
+    import fcntl
+
+    import torch.utils.cpp_extension as cpp
+
+    seen = {}
+
+    def fake_build(**kw):
+        out = Path(kw["build_directory"])
+        seen["torch_lock_left"] = (out / "lock").exists()
+        with open(out / "build.flock", "a+") as other:  # another process's attempt while this build runs
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen["turn_held"] = False
+            except BlockingIOError:
+                seen["turn_held"] = True
+        return "ext"
+
+    monkeypatch.setenv("SITE_LENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp, "load", fake_build)
+    monkeypatch.setattr(kernels, "_state", {"tried": False, "ext": None})
+    kernels.load()  # makes the build folder
+    (folder,) = (tmp_path / "ext").iterdir()
+    (folder / "lock").touch()  # a killed build's lock, fresh
+    monkeypatch.setattr(kernels, "_state", {"tried": False, "ext": None})
+    assert kernels.load() == "ext"
+    assert seen == {"torch_lock_left": False, "turn_held": True}
+    with open(folder / "build.flock", "a+") as f:  # released once the build is loaded
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

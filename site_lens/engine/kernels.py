@@ -30,7 +30,6 @@ import platform
 import shutil
 import sys
 import sysconfig
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,7 +42,6 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "kernels.cpp"
 ENV_SWITCH = "SITE_LENS_KERNELS"  # "0" turns the kernels off
-STALE_LOCK_S = 600  # a build lock older than this is left over from a killed build
 
 _state: dict = {"tried": False, "ext": None}
 
@@ -68,18 +66,24 @@ def load():
     _state["tried"] = True
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return None
+    turn = None
     try:
         from torch.utils.cpp_extension import load as build
 
         from ..models import default_cache_dir
 
-        abi = (sys.version + str(sysconfig.get_config_var("EXT_SUFFIX"))).encode()
+        # the interpreter's folder too: build.ninja names that venv's headers, so two venvs never share a build
+        abi = (sys.version + str(sysconfig.get_config_var("EXT_SUFFIX")) + sys.prefix).encode()
         key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + abi + _cpu_key()).hexdigest()[:16]
         out = default_cache_dir() / "ext" / f"kernels-{key}"
         out.mkdir(parents=True, exist_ok=True)
-        lock = out / "lock"  # torch's build lock; a killed build leaves it behind and later builds would wait forever
-        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            lock.unlink(missing_ok=True)
+        # builds of one folder take turns under an OS lock, which a killed process releases; holding it, any
+        # torch build lock (``lock``) present was left by a killed build, and torch would wait on it forever
+        import fcntl  # POSIX; elsewhere the ImportError below means torch's matmul
+
+        turn = open(out / "build.flock", "a+")  # noqa: SIM115 (held until the build is loaded, closed below)
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        (out / "lock").unlink(missing_ok=True)
         src = out / SOURCE.name  # build from a copy, so every checkout sharing the cache writes the same build.ninja
         if not src.exists():  # (the key is the source's hash: an existing copy is this source)
             tmp = out / f"{SOURCE.name}.{os.getpid()}.tmp"
@@ -99,6 +103,9 @@ def load():
         )
     except Exception as e:
         log.warning("C++ kernels unavailable, using torch's matmul: %s", str(e).splitlines()[0] if str(e) else e)
+    finally:
+        if turn is not None:
+            turn.close()  # releases the lock
     return _state["ext"]
 
 
