@@ -30,24 +30,22 @@ import torch
 
 import site_lens as sl
 from site_lens.analysis.attribution import attribution_scores, exact_head_effects, zero_shot_examples
-from site_lens.methods.site import embedding_prompts
 from site_lens.stages.cie import causal_indirect_effect, shuffled_label_prompts
-from site_lens.stats import pearson, spearman
+from site_lens.stages.embeddings import task_embedding
+from site_lens.stats import pearson, spearman, top_k_mask
 from site_lens.tokens import encode
 
 
 def top_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
     """Share of the k largest heads of ``a`` that are among the k largest of ``b``."""
-    ta = set(torch.topk(a.flatten(), k).indices.tolist())
-    tb = set(torch.topk(b.flatten(), k).indices.tolist())
-    return len(ta & tb) / k
+    return int((top_k_mask(a, k) & top_k_mask(b, k)).sum()) / k
 
 
 def one_task(model, name: str, args) -> dict:
     """Scores, correlations and median times on one task."""
     task = sl.load_task(name, data_dir=args.data)
     cfg = sl.EmbeddingConfig(**{k: v for k, v in (("n_prompts", args.prompts), ("n_shots", args.shots)) if v})
-    t = sl.build_task_embedding(model, [p for p, _ in embedding_prompts(task, cfg, args.seed)], cfg.batch_size)
+    t = task_embedding(model, task, cfg, args.seed)
     examples = zero_shot_examples(model, task, "test", args.items)
     n = len(examples)
     cie_prompts = shuffled_label_prompts(task, n, cfg.n_shots, args.seed)

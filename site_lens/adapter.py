@@ -28,8 +28,9 @@ from .locks import owner_tag
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
-FORMAT = "site-lens-adapter/2"  # /2: the gate is a field of cfg.json (/1 kept it in meta; still read)
-READS = (FORMAT, "site-lens-adapter/1")
+FORMAT = "site-lens-adapter/2"  # /2: a gate other than SITE's sigmoid, a field of cfg.json
+FORMAT_SIGMOID = "site-lens-adapter/1"  # SITE's sigmoid gate: readable by versions before the gate field
+READS = (FORMAT, FORMAT_SIGMOID)
 # identity keys an adapter must share with the model it is loaded onto; then its name, and the
 # source digest (GGUF file) where both record one, else the weights digest (``identity.weights_digest``)
 MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing")
@@ -70,6 +71,10 @@ class Adapter:
     model: dict[str, Any]  # models.model_identity(...)
     meta: dict[str, Any] = field(default_factory=dict)  # task, seed, M, N, selection config, ...
     gate: GateSpec = field(default_factory=GateSpec)  # SITE's sigmoid; sparse SITE's hard-concrete gates and masks
+
+    def __post_init__(self) -> None:
+        if "gate" in self.meta:  # the gate is a field: one left in meta would be ignored
+            raise AdapterError("Adapter.meta has a 'gate' entry; pass the gate as Adapter(gate=GateSpec(...))")
 
     @property
     def alpha(self) -> Float[Tensor, "layer head_index"]:
@@ -124,7 +129,8 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
             str(tmp / WEIGHTS_FILE),
         )
         digest = hashlib.sha256((tmp / WEIGHTS_FILE).read_bytes()).hexdigest()  # a few kB: free
-        cfg = {"format": FORMAT, "model": adapter.model, "gate": adapter.gate.to_dict(), "meta": adapter.meta}
+        fmt = FORMAT_SIGMOID if adapter.gate == GateSpec() else FORMAT
+        cfg = {"format": fmt, "model": adapter.model, "gate": adapter.gate.to_dict(), "meta": adapter.meta}
         cfg["weights_sha256"] = digest
         (tmp / CFG_FILE).write_text(json.dumps(cfg, indent=1, sort_keys=True))
         if path.exists():

@@ -33,14 +33,18 @@ class _Config:
         return asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls: type[T], d: dict[str, Any]) -> T:  # noqa: PYI019 (beartype rejects Self here)
+    def from_dict(cls: type[T], d: Any) -> T:  # noqa: PYI019 (beartype rejects Self here)
+        if not isinstance(d, dict):  # a saved config's part that is not an object
+            raise ConfigError(f"{cls.__name__}.from_dict needs a dict, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
         # nested configs (SiteConfig's stages) from their dicts; a null one takes its defaults
         parts = {f.name: f.default_factory for f in fields(cls) if f.default_factory in _Config.__subclasses__()}  # type: ignore[arg-type]
-        return cls(**{k: parts[k].from_dict(v or {}) if k in parts else v for k, v in d.items()})
+        return cls(
+            **{k: parts[k].from_dict(v or {}) if k in parts and not isinstance(v, _Config) else v for k, v in d.items()}
+        )
 
 
 @dataclass
@@ -49,7 +53,9 @@ class EmbeddingConfig(_Config):
 
     n_prompts: int = field(default=50, metadata={"flag": "prompts"})  # M: few-shot prompts averaged (paper: 50)
     n_shots: int = field(default=10, metadata={"flag": "shots"})  # N: demonstrations per prompt, also ICL's (paper: 10)
-    batch_size: int = field(default=10, metadata={"flag": "embedding-batch-size"})  # prompts per forward pass of stage 1 (no effect on the result)
+    batch_size: int = field(
+        default=10, metadata={"flag": "embedding-batch-size"}
+    )  # prompts per forward pass of stage 1 (no effect on the result)
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "n_shots", "batch_size"):
@@ -86,7 +92,9 @@ class SelectionConfig(_Config):
         if self.backend not in ("auto", "hooked", "packed"):
             raise ConfigError(f"SelectionConfig.backend must be auto, hooked or packed, got {self.backend!r}")
         if self.objective not in OBJECTIVES:
-            raise ConfigError(f"SelectionConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+            raise ConfigError(
+                f"SelectionConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
+            )
 
 
 @dataclass
@@ -95,8 +103,12 @@ class EvalConfig(_Config):
 
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
-    batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
-    max_test: int | None = field(default=100, metadata={"aliases": ("limit",)})  # score only the first N test items; 'all' scores every one (default: 100)
+    batch_size: int = field(
+        default=64, metadata={"flag": "eval-batch-size"}
+    )  # queries per generation batch (no effect on the result)
+    max_test: int | None = field(
+        default=100, metadata={"aliases": ("limit",)}
+    )  # score only the first N test items; 'all' scores every one (default: 100)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -140,6 +152,13 @@ class SiteConfig(_Config):
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # each stage's part must be its config (``from_dict`` builds them from dicts)
+            kind = f.default_factory
+            if kind in _Config.__subclasses__() and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
+                got = type(getattr(self, f.name)).__name__
+                raise ConfigError(f"SiteConfig.{f.name} must be an {kind.__name__}, got {got}")  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------- command-line flags
@@ -203,7 +222,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
 
 def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
     """The config built from the flags ``add_arguments`` made (and ``extra`` fields)."""
-    values = {f.name: getattr(args, f"{cls.__name__}.{f.name}") for f in fields(cls) if hasattr(args, f"{cls.__name__}.{f.name}")}
+    values = {
+        f.name: getattr(args, f"{cls.__name__}.{f.name}")
+        for f in fields(cls)
+        if hasattr(args, f"{cls.__name__}.{f.name}")
+    }
     return cls(**values, **extra)
 
 

@@ -152,7 +152,10 @@ class GateSpec:
         """``to_dict``'s form, or the older ``{"kind": "mask", "threshold": x, "of": inner}`` (None: sigmoid)."""
         d = dict(d or {})
         if d.get("kind") == "mask":
-            return dataclasses.replace(cls.from_dict(d.get("of")), threshold=float(d["threshold"]))
+            inner = cls.from_dict(d.get("of"))
+            if inner.threshold is not None:  # a mask of a mask: no single threshold means the same
+                raise ValueError(f"{d} is a mask of a mask, which no gate of this version is")
+            return dataclasses.replace(inner, threshold=float(d["threshold"]))
         kind, unknown = d.get("kind", "sigmoid"), d.keys() - {f.name for f in dataclasses.fields(cls)}
         if kind not in GATE_KINDS or unknown or (kind == "hard_concrete" and not {"low", "high"} <= d.keys()):
             raise ValueError(f"{d} is no gate (kinds: {', '.join(GATE_KINDS)}; hard_concrete needs low and high)")

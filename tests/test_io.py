@@ -81,3 +81,7 @@ def test_site_config_round_trips_and_fills_missing_parts():
         SiteConfig.from_dict({"shots": 3})
     with pytest.raises(ConfigError, match=r"EmbeddingConfig: unknown keys \['shots'\]"):
         SiteConfig.from_dict({"embedding": {"shots": 3}})
+    # a part given as its config is kept; anything but a config, a dict or null is refused at once
+    assert SiteConfig.from_dict({"embedding": EmbeddingConfig(n_shots=4)}).embedding.n_shots == 4
+    with pytest.raises(ConfigError, match="EvalConfig.from_dict needs a dict, got int"):
+        SiteConfig.from_dict({"eval": 3})

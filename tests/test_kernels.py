@@ -160,7 +160,7 @@ def test_build_uses_a_copy_of_the_source_in_the_cache(monkeypatch, tmp_path):
 
 def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next(monkeypatch, tmp_path):
     """Builds take turns under an OS lock (released when its holder dies); holding it, torch's leftover lock goes."""
-    import fcntl
+    fcntl = pytest.importorskip("fcntl")
 
     import torch.utils.cpp_extension as cpp
 
@@ -188,3 +188,22 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next(monkeypatch,
     assert seen == {"torch_lock_left": False, "turn_held": True}
     with open(folder / "build.flock", "a+") as f:  # released once the build is loaded
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_without_an_os_lock_only_an_old_torch_lock_is_taken_as_left_over(monkeypatch, tmp_path):
+    """A file system without flock: the kernels still build, and torch's lock goes only once it is stale."""
+    import os
+    import time
+
+    fcntl = pytest.importorskip("fcntl")
+
+    def no_flock(*a):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert kernels._take_turn(tmp_path) is None and lock.exists()  # fresh: another build may hold it
+    old = time.time() - kernels.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    assert kernels._take_turn(tmp_path) is None and not lock.exists()

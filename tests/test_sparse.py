@@ -106,6 +106,8 @@ def test_gate_spec_kinds():
     old = {"kind": "mask", "threshold": 0.5, "of": {"kind": "hard_concrete", "low": -0.1, "high": 1.1}}
     assert GateSpec.from_dict(old) == GateSpec("hard_concrete", -0.1, 1.1, threshold=0.5)
     assert GateSpec.from_dict({"kind": "mask", "threshold": 0.5, "of": None}) == GateSpec(threshold=0.5)
+    with pytest.raises(ValueError, match="mask of a mask"):
+        GateSpec.from_dict({"kind": "mask", "threshold": 0.9, "of": {"kind": "mask", "threshold": 0.1, "of": None}})
     for bad in ({"kind": "nope"}, {"kind": "hard_concrete"}, {"kind": "sigmoid", "stretch": 2}):
         with pytest.raises(ValueError, match="is no gate"):
             GateSpec.from_dict(bad)
@@ -126,7 +128,11 @@ def test_sparse_adapters_round_trip_and_bad_gate_is_refused(model, tmp_path):
     old = json.loads((tmp_path / "m" / "cfg.json").read_text())
     gate = old.pop("gate")
     old["meta"]["gate"] = {"kind": "mask", "threshold": gate.pop("threshold"), "of": gate}
-    assert old["format"] == "site-lens-adapter/2"  # the gate as a field; such folders were /1
+    assert old["format"] == "site-lens-adapter/2"  # a gate other than sigmoid; such folders were /1
+    plain = save_adapter(dataclasses.replace(fit.adapter, gate=GateSpec()), tmp_path / "plain")
+    assert json.loads((plain / "cfg.json").read_text())["format"] == "site-lens-adapter/1"  # earlier readers' format
+    with pytest.raises(AdapterError, match="'gate' entry"):
+        dataclasses.replace(fit.adapter, meta={"gate": {"kind": "sigmoid"}})
     old["format"] = "site-lens-adapter/1"
     (tmp_path / "m" / "cfg.json").write_text(json.dumps(old))
     assert torch.equal(load_adapter(tmp_path / "m").alpha, masked.alpha)

@@ -9,7 +9,7 @@ splits its rows between ``torch.get_num_threads()`` threads (measured in
 BENCHMARKS.md). Their autograd, and a weightless RMSNorm's, is written in C++:
 a Python ``autograd.Function`` costs as much per call as a small product.
 
-The kernel is built once per source, torch version and CPU with
+The kernel is built once per source, torch version, interpreter (venv) and CPU with
 ``torch.utils.cpp_extension`` (needs a C++ compiler and ninja) into
 ``$SITE_LENS_CACHE/ext`` (safe to delete). Where it cannot be built, or with
 ``SITE_LENS_KERNELS=0``, ``row_matmul`` and ``rows_matmul`` are ``x @ W``, ``rms_norm`` torch's, and
@@ -30,6 +30,7 @@ import platform
 import shutil
 import sys
 import sysconfig
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "kernels.cpp"
 ENV_SWITCH = "SITE_LENS_KERNELS"  # "0" turns the kernels off
+
+STALE_LOCK_S = 600  # without an OS lock: a torch build lock older than this is left over from a killed build
 
 _state: dict = {"tried": False, "ext": None}
 
@@ -57,6 +60,31 @@ def _cpu_key() -> bytes:
     except OSError:
         pass
     return platform.machine().encode() + flags
+
+
+def _take_turn(out: Path):
+    """Wait for this build folder's OS lock (released when its holder dies, even killed); the open lock file.
+
+    Holding it, a torch build lock (``lock``) present was left by a killed build, and torch would wait on
+    it forever: it goes. Where there is no OS lock (not POSIX, or a file system without ``flock``), a
+    torch lock older than ``STALE_LOCK_S`` is taken as left over instead, and None returned.
+    """
+    try:
+        import fcntl
+
+        turn = open(out / "build.flock", "a+")  # noqa: SIM115 (closed by load once the build is loaded)
+        try:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+        except OSError:
+            turn.close()
+            raise
+    except (ImportError, OSError):
+        lock = out / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+        return None
+    (out / "lock").unlink(missing_ok=True)
+    return turn
 
 
 def load():
@@ -77,13 +105,7 @@ def load():
         key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + abi + _cpu_key()).hexdigest()[:16]
         out = default_cache_dir() / "ext" / f"kernels-{key}"
         out.mkdir(parents=True, exist_ok=True)
-        # builds of one folder take turns under an OS lock, which a killed process releases; holding it, any
-        # torch build lock (``lock``) present was left by a killed build, and torch would wait on it forever
-        import fcntl  # POSIX; elsewhere the ImportError below means torch's matmul
-
-        turn = open(out / "build.flock", "a+")  # noqa: SIM115 (held until the build is loaded, closed below)
-        fcntl.flock(turn, fcntl.LOCK_EX)
-        (out / "lock").unlink(missing_ok=True)
+        turn = _take_turn(out)
         src = out / SOURCE.name  # build from a copy, so every checkout sharing the cache writes the same build.ninja
         if not src.exists():  # (the key is the source's hash: an existing copy is this source)
             tmp = out / f"{SOURCE.name}.{os.getpid()}.tmp"

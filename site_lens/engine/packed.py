@@ -9,7 +9,7 @@ straight from the model's weights, one ``packed_layer.PackedLayer`` per block:
 
     resid = W_E[tok]
     per layer:  q, k, v = rms(resid) @ W_QKV          (one product; rotary at position P as a matrix)
-                z       = attention(q, [K_prefix; k], [V_prefix; v])   (one fused op)
+                z       = attention(q, [K_prefix; k], [V_prefix; v])
                 z       = (1 - alpha) * z + alpha * t  (``gate.AlphaGate.mix``)
                 resid  += z @ W_O
                 resid  += (act(rms(resid) @ W_gate) * (rms(resid) @ W_in)) @ W_out
@@ -23,7 +23,9 @@ their rotary positions come from:
 
 * ``logits``: one token per row after its prefix (each row its own, or one
   prefix for every row, attended without copying it); rotary at position P
-  as one precomputed matrix, q and k rotated in one product.
+  as one precomputed matrix (q and k rotated in one product where no Q/K
+  norm comes between); attention in one fused op where each row has its
+  own prefix.
 * ``span_logits``: n tokens per row after the prefix, causal among
   themselves, the gate at the first (the sequence objective's last prompt
   token and teacher-forced answer); rotary from the cos/sin tables; products

@@ -115,9 +115,12 @@ def weights_stamp(model: Any) -> tuple:
 
     Read straight from the module tree (a bridge's native model's, whose parameters ``parameters()`` gives):
     a fraction of the cost of ``parameters()``, which names every module on the way."""
-    stack, stamp = [model.original_model if is_bridge(model) else model], []
+    stack, stamp, seen = [model.original_model if is_bridge(model) else model], [], set()
     while stack:
         module = stack.pop()
+        if id(module) in seen:  # a module reachable twice (a bridge's wrappers) counts once
+            continue
+        seen.add(id(module))
         stamp += [(id(p), p._version, p.data_ptr(), p.dtype) for p in module._parameters.values() if p is not None]
         stack += [m for m in module._modules.values() if m is not None]
     return tuple(stamp)
