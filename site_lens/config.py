@@ -53,9 +53,7 @@ class EmbeddingConfig(_Config):
 
     n_prompts: int = field(default=50, metadata={"flag": "prompts"})  # M: few-shot prompts averaged (paper: 50)
     n_shots: int = field(default=10, metadata={"flag": "shots"})  # N: demonstrations per prompt, also ICL's (paper: 10)
-    batch_size: int = field(
-        default=10, metadata={"flag": "embedding-batch-size"}
-    )  # prompts per forward pass of stage 1 (no effect on the result)
+    batch_size: int = field(default=10, metadata={"flag": "embedding-batch-size"})  # prompts per forward pass of stage 1 (no effect on the result)
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "n_shots", "batch_size"):
@@ -92,9 +90,7 @@ class SelectionConfig(_Config):
         if self.backend not in ("auto", "hooked", "packed"):
             raise ConfigError(f"SelectionConfig.backend must be auto, hooked or packed, got {self.backend!r}")
         if self.objective not in OBJECTIVES:
-            raise ConfigError(
-                f"SelectionConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
-            )
+            raise ConfigError(f"SelectionConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 @dataclass
@@ -103,12 +99,8 @@ class EvalConfig(_Config):
 
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
-    batch_size: int = field(
-        default=64, metadata={"flag": "eval-batch-size"}
-    )  # queries per generation batch (no effect on the result)
-    max_test: int | None = field(
-        default=100, metadata={"aliases": ("limit",)}
-    )  # score only the first N test items; 'all' scores every one (default: 100)
+    batch_size: int = field(default=64, metadata={"flag": "eval-batch-size"})  # queries per generation batch (no effect on the result)
+    max_test: int | None = field(default=100, metadata={"aliases": ("limit",)})  # score only the first N test items; 'all' scores every one (default: 100)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
