@@ -34,19 +34,12 @@ $(STAMP_TL4): requirements-tl4.lock pyproject.toml
 	$(PY_TL4) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-# The embedded models converted into the weight cache before the suite: a load that converts (a cache miss)
-# has given other greedy generations than a load from the cache (README's quickstart: 0.44 for 0.50); every
-# committed number comes from cached loads. WARM loads both once, so no test depends on which test loads first.
-WARM := import site_lens as sl; sl.load_model("smollm2-135m"); sl.load_model("gemma-3-270m")
-
 test: venv venv-tl4
-	HF_HUB_OFFLINE=1 $(PY) -c '$(WARM)'
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
 	HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 notebooks
 	$(MAKE) test-tl4
 
 test-tl4: venv-tl4
-	HF_HUB_OFFLINE=1 $(PY_TL4) -c '$(WARM)'
 	HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS) $(TL4_TESTS)
 
 # PNG export (kaleido) drives a Chromium. Nothing else here installs system packages: `make chromium` is the one

@@ -20,7 +20,12 @@ def test_weight_cache_loads_identical_model(smollm, tmp_path):
 
     a = load_model("smollm2-135m", cache_dir=tmp_path)  # cold: dequantises, writes the cache
     b = load_model("smollm2-135m", cache_dir=tmp_path)  # warm: reads the cache
-    ids = torch.tensor(encode(smollm, ["Q: go\nA:"]))
+    texts = ["Q: go\nA:", "a", "east ->"]
+    assert encode(a, texts) == encode(b, texts) == encode(smollm, texts)  # each its own tokenizer
+    assert encode(a, ["a"])[0][0] == a.tokenizer.bos_token_id  # the BOS convention of both engines
+    assert a.cfg.to_dict() == b.cfg.to_dict()
+    assert torch.equal(a.to_tokens(texts[0]), b.to_tokens(texts[0]))
+    ids = torch.tensor(encode(a, texts[:1]))
     assert torch.equal(a(ids), b(ids)) and torch.allclose(a(ids), smollm(ids))
     ident = model_identity(b)  # the flags it was loaded with, and the GGUF's digest
     assert ident == model_identity(a) == model_identity(smollm)

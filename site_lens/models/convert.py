@@ -216,11 +216,32 @@ def join_gguf(parts: list[Path], joined: Path) -> Path:
     return joined
 
 
+def tokenizer_with_bos(tokenizer: Any) -> Any:
+    """The tokenizer, made to prepend its BOS token where it has one and does not already.
+
+    TransformerLens and the bridge give every model with a BOS token a tokenizer that
+    prepends it; a GGUF file may say not to (SmolLM2's does), and TransformerLens cannot
+    reload a GGUF tokenizer to change that. So the tokenizer goes through a folder, as the
+    weight cache stores it: a converted model and a cached one then tokenise alike.
+    """
+    from transformers import AutoTokenizer
+
+    if tokenizer.bos_token_id is None or _tokenizer_prepends_bos(tokenizer):
+        return tokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        with_bos = AutoTokenizer.from_pretrained(tmp, add_bos_token=True)
+    if not _tokenizer_prepends_bos(with_bos):
+        raise ModelError(f"cannot make the tokenizer {type(tokenizer).__name__} prepend its BOS token")
+    with_bos.padding_side = tokenizer.padding_side
+    return with_bos
+
+
 def hooked_from_gguf(gguf: Path) -> Model:
     """Dequantise a GGUF file (transformers + gguf) and convert it: CPU, float32, finalized."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = tokenizer_with_bos(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
     hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     model = hooked_from_hf(hf_model, tokenizer, device="cpu", dtype=torch.float32)
     del hf_model

@@ -26,7 +26,7 @@ from .engines import Model
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the converted tokenizer prepends BOS, as a cached one did
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "meta.json"
 
