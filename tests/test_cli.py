@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 from helpers import needs_hooked
 
 from site_lens.cli import main
@@ -222,7 +223,24 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     import pandas as pd
 
     scores = pd.read_csv(out / "up" / "seed0" / "scores.csv")
-    assert {"zero_shot", "site", "sparse_l0", "sparse_l1", "dense_alpha", "cie", "random"} <= set(scores.method)
+    assert {"zero_shot", "site", "sparse_l0", "sparse_l1", "dense_alpha", "cie", "attribution", "random"} <= set(
+        scores.method
+    )
+    from safetensors.torch import load_file
+
+    from site_lens.analysis.attribution import attribution_scores, zero_shot_examples
+    from site_lens.analysis.minimal import parse_heads
+    from site_lens.experiments.sweep import ATTRIBUTION_PROMPTS
+    from site_lens.tasks import load_task
+
+    attr = load_file(str(out / "up" / "seed0" / "attribution.safetensors"))["attribution"]
+    t = load_file(str(out / "up" / "seed0" / "adapter" / "adapter.safetensors"))["t"]
+    up = load_task("up", str(data))
+    assert torch.allclose(attr, attribution_scores(model, zero_shot_examples(model, up, "train", ATTRIBUTION_PROMPTS), t))
+    best = divmod(int(attr.argmax()), attr.shape[1])  # the k = 1 set is the head attribution ranks first
+    top1 = scores[(scores.method == "attribution") & (scores.k == 1) & (scores.split == "valid")]
+    assert [parse_heads(h) for h in top1.heads] == [{best}]
+    assert not (out / "up" / "seed1" / "attribution.safetensors").exists()
     assert set(pd.read_csv(out / "up" / "seed1" / "scores.csv").method) == {"zero_shot", "site", "sparse_l0", "sparse_l1"}
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary.task) == {"up", "rev"}

@@ -5,9 +5,11 @@
     # minimal_report.summarise_minimal("runs/sparse"): per task and method, the smallest k reaching 0.9
 
 Per (task, seed): dense SITE (the reference, recovery 1) and its t; FV's CIE
-of every head against that t; a warm-started sparse path per penalty; then
-every head set (zero-shot, dense SITE, each sparse gate soft and as binary
-masks, the top-k by dense alpha and by CIE, random k-sets) scored on valid
+of every head against that t; attribution patching's estimate of every head's
+effect of t (``analysis.attribution``, zero-shot train prompts, as many as
+CIE's); a warm-started sparse path per penalty; then every head set
+(zero-shot, dense SITE, each sparse gate soft and as binary masks, the top-k
+by dense alpha, by CIE and by attribution, random k-sets) scored on valid
 and test the same way (``minimal.score_head_sets``). Rankings are scored on a
 k grid and at every k an L0 mask reached, so comparisons are at matched k.
 """
@@ -27,6 +29,7 @@ import pandas as pd
 import torch
 
 from ..adapter import Adapter, load_adapter, save_adapter, write_json_atomic, write_text_atomic
+from ..analysis.attribution import attribution_scores, zero_shot_examples
 from ..analysis.minimal import (
     add_recovery,
     random_sets,
@@ -45,6 +48,8 @@ from ..tasks import Task, category
 
 log = logging.getLogger(__name__)
 
+ATTRIBUTION_PROMPTS = 25  # CIE's default n_prompts
+
 DONE_FILE = "minimal.json"  # written last: a folder without it is incomplete
 
 
@@ -58,6 +63,7 @@ class MinimalResult:
     scores: pd.DataFrame  # one row per (split, head set)
     smallest: pd.DataFrame  # one row per method
     info: dict = field(default_factory=dict)
+    attribution: torch.Tensor | None = None  # (layer, head), attribution patching's estimated effects
 
 
 def minimal_sets(
@@ -82,11 +88,14 @@ def minimal_sets(
     t0 = time.perf_counter()
     dense = fit_site(model, task, cfg).adapter
     seconds["dense"] = time.perf_counter() - t0
-    cie = None
+    cie = attribution = None
     if rankings:
         t0 = time.perf_counter()
         cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
         seconds["cie"] = time.perf_counter() - t0
+        t0 = time.perf_counter()  # as many prompts as CIE's, zero-shot from train: SITE's own setting
+        attribution = attribution_scores(model, zero_shot_examples(model, task, "train", ATTRIBUTION_PROMPTS), dense.t)
+        seconds["attribution"] = time.perf_counter() - t0
     fits: list[SparseFit] = []
     for penalty, ws in weights.items():
         t0 = time.perf_counter()
@@ -101,6 +110,7 @@ def minimal_sets(
         matched = sorted(sparse_ks | set(ks) | {total})  # the grid and every k an L0 mask reached
         matched = [k for k in matched if 0 < k <= total]
         sets += ranking_sets(alpha, matched, "dense_alpha") + ranking_sets(cie, matched, "cie")
+        sets += ranking_sets(attribution, matched, "attribution")
         sets += random_sets(alpha.shape, matched, draws, seed)
     t0 = time.perf_counter()
     frames = [
@@ -136,17 +146,19 @@ def minimal_sets(
         "seconds": seconds,
         "sparse": [f.summary() for f in fits],
     }
-    return MinimalResult(task.name, seed, dense, cie, fits, scores, smallest, info)
+    return MinimalResult(task.name, seed, dense, cie, fits, scores, smallest, info, attribution)
 
 
 def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
-    """The folder: adapter/ (dense SITE), cie and sparse thetas (safetensors), scores.csv, smallest_k.csv, minimal.json."""
+    """The folder: adapter/ (dense SITE), cie, attribution and sparse thetas (safetensors), scores.csv, smallest_k.csv,
+    minimal.json."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / DONE_FILE).unlink(missing_ok=True)  # unfinished until the end, also when redone
-    (folder / "cie.safetensors").unlink(missing_ok=True)
+    for name in ("cie.safetensors", "attribution.safetensors"):
+        (folder / name).unlink(missing_ok=True)
     save_adapter(result.dense, folder / "adapter")
 
     def save(tensors: dict, name: str) -> None:
@@ -156,6 +168,8 @@ def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
 
     if result.cie is not None:
         save({"cie": result.cie.float().contiguous()}, "cie.safetensors")
+    if result.attribution is not None:
+        save({"attribution": result.attribution.float().contiguous()}, "attribution.safetensors")
     # one theta per sparse point, named PENALTY_INDEX in the order of minimal.json's "sparse" list
     save(
         {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)},

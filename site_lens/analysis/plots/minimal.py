@@ -13,10 +13,11 @@ SET_METHODS = {  # name, Okabe-Ito colour; sparse sets are markers (symbol), ran
     "sparse_l1": ("sparse SITE (L1)", COLORWAY[3]),
     "dense_alpha": ("top-k by dense alpha", COLORWAY[1]),
     "cie": ("top-k by CIE", COLORWAY[2]),
+    "attribution": ("top-k by attribution", COLORWAY[4]),
     "random": ("random k", "#888888"),
 }
 SYMBOLS = {"sparse_l0": "diamond", "sparse_l1": "triangle-up"}
-DASHES = {"dense_alpha": "solid", "cie": "dash", "random": "dot"}
+DASHES = {"dense_alpha": "solid", "cie": "dash", "attribution": "dashdot", "random": "dot"}
 LOG_TICKS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)  # all labelled at full size (plotly's own 2, 5 are small)
 METRIC_TITLES = {
     "recovery_em": "recovery of prefix match",  # 0 zero-shot, 1 SITE: the legend names both lines
