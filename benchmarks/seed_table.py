@@ -1,0 +1,47 @@
+"""The seed tables of both embedded models: per method the mean over tasks and seeds with its 95 % interval,
+SITE minus ICL and minus I2CL paired by seed, and each task's seed spread.
+
+    .venv/bin/python benchmarks/seed_table.py                  # after benchmarks/run_seeds.sh
+
+Reads seed 0 from results/MODEL/rows.csv (all nine methods) and the further seeds from
+results/seeds/MODEL/rows.csv; writes results/seeds/MODEL/{intervals,differences,spread}.csv and
+summary.md. Only tasks every listed method finished are used, and a difference only pairs rows of
+the same (task, seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from site_lens.adapter import write_text_atomic
+from site_lens.experiments.seed_report import markdown, method_intervals, paired_differences, read_rows, seed_spread
+
+METHODS = ["zero_shot", "icl", "site", "i2cl"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="smollm2-135m,gemma-3-270m")
+    p.add_argument("--results", default="results")
+    p.add_argument("--n-boot", type=int, default=10_000)
+    args = p.parse_args()
+    for model in args.models.split(","):
+        root = Path(args.results)
+        paths = [root / model / "rows.csv", root / "seeds" / model / "rows.csv"]
+        rows = read_rows([q for q in paths if q.is_file()])
+        rows = rows[rows.method.isin(METHODS)]
+        iv = method_intervals(rows, METHODS, n_boot=args.n_boot)
+        diff = paired_differences(rows, "site", ["icl", "i2cl"], n_boot=args.n_boot)
+        spread = seed_spread(rows, ["icl", "site"])
+        out = root / "seeds" / model
+        out.mkdir(parents=True, exist_ok=True)
+        for name, df in (("intervals", iv), ("differences", diff), ("spread", spread)):
+            write_text_atomic(out / f"{name}.csv", df.round(4).to_csv(index=False))
+        text = markdown(iv, diff, spread, f"{model}: seeds and 95 % intervals (bootstrap over tasks)")
+        write_text_atomic(out / "summary.md", text)
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
