@@ -241,6 +241,23 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     top1 = scores[(scores.method == "attribution") & (scores.k == 1) & (scores.split == "valid")]
     assert [parse_heads(h) for h in top1.heads] == [{best}]
     assert not (out / "up" / "seed1" / "attribution.safetensors").exists()
+    # a folder made before attribution existed gains it on the next run, with the numbers a full run gives
+    before = scores[scores.method != "attribution"]
+    before.to_csv(out / "up" / "seed0" / "scores.csv", index=False)
+    (out / "up" / "seed0" / "attribution.safetensors").unlink()
+    smallest_full = pd.read_csv(out / "up" / "seed0" / "smallest_k.csv")
+    assert main(argv) == 0 and "attribution's ranking added" in capsys.readouterr().out
+    again = pd.read_csv(out / "up" / "seed0" / "scores.csv")
+    order = ["split", "method", "k", "draw", "weight", "mode"]
+    pd.testing.assert_frame_equal(
+        again.sort_values(order).reset_index(drop=True), scores.sort_values(order).reset_index(drop=True)
+    )
+    small_again = pd.read_csv(out / "up" / "seed0" / "smallest_k.csv")
+    pd.testing.assert_frame_equal(
+        small_again.sort_values(["metric", "method"]).reset_index(drop=True),
+        smallest_full.sort_values(["metric", "method"]).reset_index(drop=True),
+    )
+    assert torch.equal(load_file(str(out / "up" / "seed0" / "attribution.safetensors"))["attribution"], attr)
     assert set(pd.read_csv(out / "up" / "seed1" / "scores.csv").method) == {"zero_shot", "site", "sparse_l0", "sparse_l1"}
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary.task) == {"up", "rev"}

@@ -21,7 +21,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from ..config import ConfigError, site_config_from_args
     from ..experiments import bench
     from ..experiments.minimal_report import write_summaries
-    from ..experiments.sweep import is_done, minimal_sets, settings_differ, write_minimal
+    from ..experiments.sweep import add_attribution, is_done, minimal_sets, settings_differ, write_minimal
     from ..models import load_model
     from ..tasks import TaskError, load_task
 
@@ -60,7 +60,9 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                 differ = settings_differ(folder, recorded)
                 if differ:
                     raise TaskError(f"{folder} was made with other {', '.join(differ)}; use --redo or another --out")
-                print(f"{name} seed {seed}: done already ({folder})", flush=True)
+                added = add_attribution(model, task, folder) if settings["rankings"] else None
+                more = f"; attribution's ranking added ({added:.1f} s)" if added is not None else ""
+                print(f"{name} seed {seed}: done already ({folder}){more}", flush=True)
                 continue
             t0 = time.perf_counter()
             result = minimal_sets(model, task, seed, cfg=site_config_from_args(args), **settings)

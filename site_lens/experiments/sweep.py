@@ -122,13 +122,7 @@ def minimal_sets(
     scores = pd.concat(frames, ignore_index=True)
     scores.insert(1, "seed", seed)
     scores.insert(2, "category", category(task))
-    scores = add_recovery(scores)
-    valid, test = scores[scores.split == "valid"], scores[scores.split == "test"]
-    smallest = pd.concat(
-        [smallest_k(valid, test, target, m) for m in ("recovery_em", "recovery_prob")], ignore_index=True
-    )
-    smallest.insert(0, "task", task.name)
-    smallest.insert(1, "seed", seed)
+    scores, smallest = _recovery_and_smallest(scores, task.name, seed, target)
     info = {
         "task": task.name,
         "seed": seed,
@@ -147,6 +141,62 @@ def minimal_sets(
         "sparse": [f.summary() for f in fits],
     }
     return MinimalResult(task.name, seed, dense, cie, fits, scores, smallest, info, attribution)
+
+
+RECOVERY_COLUMNS = ("recovery_em", "recovery_prob", "site_gain_em")
+
+
+def _recovery_and_smallest(
+    scores: pd.DataFrame, task: str, seed: int, target: float
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Recovery of every scored set (recomputed), and per method the smallest set reaching ``target`` on valid."""
+    scores = add_recovery(scores.drop(columns=[c for c in RECOVERY_COLUMNS if c in scores.columns]))
+    valid, test = scores[scores.split == "valid"], scores[scores.split == "test"]
+    smallest = pd.concat(
+        [smallest_k(valid, test, target, m) for m in ("recovery_em", "recovery_prob")], ignore_index=True
+    )
+    smallest.insert(0, "task", task)
+    smallest.insert(1, "seed", seed)
+    return scores, smallest
+
+
+def add_attribution(model: Model, task: Task, folder: str | Path) -> float | None:
+    """Attribution's ranking added to a finished folder made without it; its seconds, or None if nothing to add.
+
+    The folder's dense t gives the estimate (as ``minimal_sets`` makes it); its top-k sets at the
+    k the folder's other rankings were scored at are scored the same way (valid and test, the
+    folder's item limits), and recovery, smallest k and ``minimal.json`` are rewritten. Nothing
+    is added to a folder made without rankings or that has the attribution already.
+    """
+    folder = Path(folder)
+    info = json.loads((folder / DONE_FILE).read_text())
+    scores = pd.read_csv(folder / "scores.csv")
+    if not (scores.method == "dense_alpha").any() or (scores.method == "attribution").any():
+        return None
+    dense = load_adapter(folder / "adapter")
+    t0 = time.perf_counter()
+    attribution = attribution_scores(model, zero_shot_examples(model, task, "train", ATTRIBUTION_PROMPTS), dense.t)
+    seconds = time.perf_counter() - t0
+    ks = sorted(int(k) for k in scores.k[scores.method == "dense_alpha"].unique())
+    sets = ranking_sets(attribution, ks, "attribution")
+    new = pd.concat(
+        [score_head_sets(model, task, dense.t, sets, split, info[f"max_{split}"]) for split in ("valid", "test")],
+        ignore_index=True,
+    )
+    new.insert(1, "seed", info["seed"])
+    new.insert(2, "category", info["category"])
+    both = pd.concat([scores, new], ignore_index=True)
+    both, smallest = _recovery_and_smallest(both, task.name, info["seed"], info["target"])
+    from safetensors.torch import save_file
+
+    tmp = folder / ".attribution.safetensors.tmp"
+    save_file({"attribution": attribution.float().contiguous()}, str(tmp))
+    os.replace(tmp, folder / "attribution.safetensors")
+    write_text_atomic(folder / "smallest_k.csv", smallest.to_csv(index=False))
+    write_text_atomic(folder / "scores.csv", both.to_csv(index=False))  # the mark that it is added
+    info["seconds"]["attribution"] = seconds
+    write_json_atomic(folder / DONE_FILE, info)
+    return seconds
 
 
 def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
