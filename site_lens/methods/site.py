@@ -117,6 +117,7 @@ class Site(Method):
             "best_valid_loss": h.best_valid_loss,
             "seconds": self.result.seconds,
             "backend": self.result.backend,
+            "theta": self.adapter.theta.tolist(),  # (layer, head): the heads chosen, for analyses across seeds
         }
 
     def prefill_hooks(self, model: Model) -> HookFactory | None:
