@@ -142,3 +142,55 @@ def test_one_top_k_for_patching_overlap_and_minimal_sets():
         assert torch.equal(top_k_heads(score, k), top) and torch.equal(bottom_k_heads(score, k), top_k_mask(-score, k))
         assert top_k_set(score, k) == {tuple(i) for i in top.nonzero().tolist()}
         assert torch.equal(ranking_sets(score, [k], "x")[0].alpha, top.float())
+
+
+def test_expected_jaccard_is_the_chance_overlap_of_random_sets():
+    import random as _random
+
+    from site_lens.analysis.overlap import expected_jaccard, jaccard
+
+    rng = _random.Random(0)
+    n, k = 40, 7
+    sims = [jaccard(set(rng.sample(range(n), k)), set(rng.sample(range(n), k))) for _ in range(20_000)]
+    assert expected_jaccard(n, k) == pytest.approx(sum(sims) / len(sims), abs=0.003)
+    assert expected_jaccard(5, 5) == 1.0
+    assert expected_jaccard(10, 1) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        expected_jaccard(5, 6)
+
+
+def test_permutation_test_finds_category_structure_and_only_that():
+    import numpy as np
+    import pandas as pd
+
+    from site_lens.analysis.overlap import category_permutation_test
+
+    names = [f"t{i}" for i in range(10)]
+    cats = {n: "a" if i < 5 else "b" for i, n in enumerate(names)}
+    same = np.array([[1.0 if cats[x] == cats[y] else 0.2 for y in names] for x in names])
+    r = category_permutation_test(pd.DataFrame(same, names, names), cats, n_perm=2000)
+    assert r["gap"] == pytest.approx(0.8) and r["within"] == 1.0 and r["across"] == pytest.approx(0.2)
+    assert r["p_value"] < 0.01  # 1 / C(10, 5) * 2 of the labellings reach it
+    noise = np.random.default_rng(0).random((10, 10))
+    noise = (noise + noise.T) / 2
+    pvals = [
+        category_permutation_test(pd.DataFrame(noise, names, names), dict(zip(names, lab)), n_perm=300, seed=s)[
+            "p_value"
+        ]
+        for s, lab in enumerate(np.random.default_rng(1).permuted(np.array(["a"] * 5 + ["b"] * 5)[None].repeat(20, 0), axis=1))
+    ]
+    assert 0.2 < float(np.mean(pvals)) < 0.8  # no structure: p-values spread over (0, 1)
+
+
+def test_seed_stability_of_equal_and_of_independent_alphas():
+    from site_lens.analysis.overlap import expected_jaccard, seed_stability
+
+    a = torch.rand(30, 9, generator=torch.Generator().manual_seed(0))
+    same = seed_stability([a, a.clone(), a * 2], k=27)  # a monotone change keeps the ranking
+    assert same["spearman"] == pytest.approx(1.0) and same["jaccard"] == 1.0 and same["n_seeds"] == 3
+    g = torch.Generator().manual_seed(1)
+    indep = [seed_stability([torch.rand(30, 9, generator=g), torch.rand(30, 9, generator=g)], k=27) for _ in range(200)]
+    assert abs(sum(r["spearman"] for r in indep) / 200) < 0.02
+    assert sum(r["jaccard"] for r in indep) / 200 == pytest.approx(expected_jaccard(270, 27), abs=0.01)
+    with pytest.raises(ValueError, match="two or more"):
+        seed_stability([a], k=3)

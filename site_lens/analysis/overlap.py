@@ -6,6 +6,9 @@ Given several tasks' alphas (name -> (layer, head) tensor):
     jaccard_matrix(alphas, k)                          overlap of the top-k head sets
     cluster_order(matrix)                              average-linkage leaf order (numpy)
     category_summary(matrix, categories)               mean within vs across categories
+    category_permutation_test(matrix, categories)      ... and whether the gap beats shuffled categories
+    seed_stability(alphas_of_one_task_by_seed, k)      rank correlation and top-k overlap across seeds
+    expected_jaccard(n, k)                             the overlap two random k-sets have by chance
     transfer_matrix(model, tasks, adapters)            task B's t with task A's alpha
 
 All matrices are pandas DataFrames indexed and columned by task name.
@@ -83,7 +86,7 @@ def cluster_order(similarity: pd.DataFrame) -> list[str]:
     return [names[i] for i in clusters[0]]
 
 
-def category_summary(matrix: pd.DataFrame, categories: Mapping[str, str]) -> dict[str, float]:
+def category_summary(matrix: pd.DataFrame, categories: Mapping[str, str]) -> dict[str, float | int]:
     """Mean off-diagonal value for pairs in the same category vs in different ones."""
     names = [n for n in matrix.index if n in categories]
     within, across = [], []
@@ -123,3 +126,51 @@ def transfer_matrix(
         acc = patch_accuracy(model, data, adapters[b].t, [adapters[a].alpha for a in names], patch_cache(model, data))
         out[b] = acc.tolist()
     return out
+
+
+def category_permutation_test(
+    matrix: pd.DataFrame, categories: Mapping[str, str], n_perm: int = 10_000, seed: int = 0
+) -> dict[str, float | int]:
+    """``category_summary`` and a permutation test of within minus across (categories shuffled over tasks).
+
+    ``p_value`` is the share of shuffles whose within minus across is at least the observed one
+    (one-sided: are heads shared more within a category?), counting the observed labelling.
+    """
+    names = [n for n in matrix.index if n in categories]
+    m = matrix.loc[names, names].to_numpy(dtype=float)
+    labels = np.array([categories[n] for n in names])
+    upper = np.triu_indices(len(names), 1)
+    values = m[upper]
+
+    def gap(lab: np.ndarray) -> float:
+        same = (lab[:, None] == lab[None, :])[upper]
+        return float(values[same].mean() - values[~same].mean()) if same.any() and (~same).any() else float("nan")
+
+    observed = gap(labels)
+    rng = np.random.default_rng(seed)
+    null = np.array([gap(rng.permutation(labels)) for _ in range(n_perm)])
+    p = (1 + int((null >= observed - 1e-12).sum())) / (n_perm + 1)
+    return {**category_summary(matrix, categories), "gap": observed, "p_value": p, "null_mean": float(null.mean())}
+
+
+def expected_jaccard(n: int, k: int) -> float:
+    """Expected Jaccard overlap of two independent uniformly random k-sets out of n (the chance level)."""
+    from math import comb
+
+    if not 0 < k <= n:
+        raise ValueError(f"need 0 < k <= n, got k={k}, n={n}")
+    total = comb(n, k)
+    return sum(comb(k, i) * comb(n - k, k - i) / total * i / (2 * k - i) for i in range(max(0, 2 * k - n), k + 1))
+
+
+def seed_stability(alphas: Sequence[Float[Tensor, "layer head_index"]], k: int) -> dict[str, float | int]:
+    """One task's alphas from several seeds: mean pairwise Spearman, mean pairwise top-k Jaccard, its chance level."""
+    if len(alphas) < 2:
+        raise ValueError("seed stability needs alphas from two or more seeds")
+    pairs = [(a, b) for i, a in enumerate(alphas) for b in alphas[i + 1 :]]
+    return {
+        "n_seeds": len(alphas),
+        "spearman": float(np.mean([spearman(a, b) for a, b in pairs])),
+        "jaccard": float(np.mean([jaccard(top_k_set(a, k), top_k_set(b, k)) for a, b in pairs])),
+        "jaccard_chance": expected_jaccard(alphas[0].numel(), k),
+    }
