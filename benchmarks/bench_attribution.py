@@ -1,7 +1,7 @@
 """Attribution patching against measured single-head patching, and its cost against CIE, per FV task.
 
 For each task: t from stage 1 (the project's M and N unless ``--prompts`` / ``--shots`` say
-otherwise), then on the first ``--items`` zero-shot test items every head's effect on the
+otherwise), or with ``--adapters`` the dense SITE t of a ``site-lens sparsify`` folder, then on the first ``--items`` zero-shot test items every head's effect on the
 log-probability of the answer's first token of writing t into it, estimated
 (``analysis.attribution.attribution_scores``) and measured (``exact_head_effects``), with the
 Spearman and Pearson correlations between the two over all heads. FV's causal indirect effect
@@ -16,6 +16,10 @@ CIE's prompts are N-shot (longer than the zero-shot ones): their mean lengths ar
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_attribution.py --data data/fv \\
         --tasks antonym,capitalize,country-capital,english-french,present-past,singular-plural \\
         --out benchmarks/results/attribution.json
+    # the tasks and t of the minimal-head-set study (results/minimal), one timing round each:
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_attribution.py --data data/fv \
+        --adapters results/minimal/smollm2-135m --tasks <its 12 tasks> --items 25 --repeats 1 \
+        --out benchmarks/results/attribution_smollm2-135m.json
 """
 
 from __future__ import annotations
@@ -45,7 +49,12 @@ def one_task(model, name: str, args) -> dict:
     """Scores, correlations and median times on one task."""
     task = sl.load_task(name, data_dir=args.data)
     cfg = sl.EmbeddingConfig(**{k: v for k, v in (("n_prompts", args.prompts), ("n_shots", args.shots)) if v})
-    t = task_embedding(model, task, cfg, args.seed)
+    if args.adapters:  # the dense SITE t of a sparsify folder: the t its matched-k comparison used
+        adapter = sl.load_adapter(Path(args.adapters) / name / f"seed{args.seed}" / "adapter")
+        adapter.check_model(sl.model_identity(model))
+        t = adapter.t
+    else:
+        t = task_embedding(model, task, cfg, args.seed)
     examples = zero_shot_examples(model, task, "test", args.items)
     n = len(examples)
     cie_prompts = shuffled_label_prompts(task, n, cfg.n_shots, args.seed)
@@ -103,6 +112,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--adapters", default=None, help="a sparsify folder: t from its TASK/seedS/adapter (default: stage 1)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     model = sl.load_model(args.model)
