@@ -18,7 +18,7 @@ averages (a recovery with a near-zero denominator), and counted.
 
 Reads results/seeds/MODEL/rows/TASK/seedS/site.json (theta in the row's info) into
 results/seeds/MODEL/theta.safetensors (kept: later runs read both); writes stability.csv,
-categories.csv, patching/TASK_seedS.csv and claims.md next to it.
+categories.csv, patching/TASK_seedS.csv and claims.md next to it, and figures/claims/MODEL_{stability,patching}.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from site_lens.analysis.overlap import category_permutation_test, jaccard_matrix, seed_stability
+from site_lens.analysis.plots.claims import patching_contrast, seed_stability_figure
+from site_lens.analysis.plots.theme import save_figure
 from site_lens.stats import bootstrap_interval
 
 MIN_GAIN = 0.1  # SITE's first-token accuracy above zero-shot's, for (a)'s averages
@@ -141,6 +143,7 @@ def main() -> None:
     ap.add_argument("--results", default="results")
     ap.add_argument("--data", default="data/fv")
     ap.add_argument("--patching", action="store_true", help="also run (a), which loads the model")
+    ap.add_argument("--figures", default="figures/claims")
     args = ap.parse_args()
     results = Path(args.results)
     root = results / "seeds" / args.model
@@ -153,6 +156,7 @@ def main() -> None:
     stab = stability(alphas, k)
     if len(stab):
         stab.round(4).to_csv(root / "stability.csv", index=False)
+        save_figure(seed_stability_figure(stab), Path(args.figures) / f"{args.model}_stability")
         above = int((stab.jaccard > stab.jaccard_chance).sum())
         lines += [
             (
@@ -174,6 +178,7 @@ def main() -> None:
     if args.patching:
         df = patching(args.model, root, args.data, alphas, thetas, k)
         summ, kept, left = patching_summary(df)
+        save_figure(patching_contrast(df, k=k), Path(args.figures) / f"{args.model}_patching")
         lines += [f"(a) patching t into {k} heads ({kept} tasks; {left} left out, SITE gains < {MIN_GAIN}):", ""]
         lines += ["| heads | recovery of | mean | 95 % interval | median |", "|---|---|---|---|---|"]
         for r in summ.itertuples():

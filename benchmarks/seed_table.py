@@ -5,7 +5,7 @@ SITE minus ICL and minus I2CL paired by seed, and each task's seed spread.
 
 Reads seed 0 from results/MODEL/rows.csv (all nine methods) and the further seeds from
 results/seeds/MODEL/rows.csv; writes results/seeds/MODEL/{intervals,differences,spread}.csv and
-summary.md. Only tasks every listed method finished are used, and a difference only pairs rows of
+summary.md, and figures/claims/methods_intervals.{html,png}. Only tasks every listed method finished are used, and a difference only pairs rows of
 the same (task, seed).
 """
 
@@ -15,9 +15,12 @@ import argparse
 from pathlib import Path
 
 from site_lens.adapter import write_text_atomic
+from site_lens.analysis.plots.claims import method_intervals_figure
+from site_lens.analysis.plots.theme import save_figure
 from site_lens.experiments.seed_report import markdown, method_intervals, paired_differences, read_rows, seed_spread
 
 METHODS = ["zero_shot", "icl", "site", "i2cl"]
+NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M"}
 
 
 def main() -> None:
@@ -25,7 +28,9 @@ def main() -> None:
     p.add_argument("--models", default="smollm2-135m,gemma-3-270m")
     p.add_argument("--results", default="results")
     p.add_argument("--n-boot", type=int, default=10_000)
+    p.add_argument("--figures", default="figures/claims")
     args = p.parse_args()
+    tables = {}
     for model in args.models.split(","):
         root = Path(args.results)
         paths = [root / model / "rows.csv", root / "seeds" / model / "rows.csv"]
@@ -41,6 +46,8 @@ def main() -> None:
         text = markdown(iv, diff, spread, f"{model}: seeds and 95 % intervals (bootstrap over tasks)")
         write_text_atomic(out / "summary.md", text)
         print(text)
+        tables[NAMES.get(model, model)] = iv
+    print(*save_figure(method_intervals_figure(tables), Path(args.figures) / "methods_intervals"))
 
 
 if __name__ == "__main__":

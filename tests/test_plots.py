@@ -248,3 +248,32 @@ def test_save_figure_writes_html_without_a_png_exporter(tmp_path, monkeypatch):
     written = save_figure(alpha_heatmap(torch.rand(2, 2)), tmp_path / "sub" / "fig")
     assert written == [tmp_path / "sub" / "fig.html"] and written[0].is_file()
     assert (tmp_path / "sub" / "plotly.min.js").is_file()  # the HTML's plotly.js, next to it
+
+
+def test_claims_figures_draw_what_they_are_given():
+    import numpy as np
+    import pandas as pd
+
+    from site_lens.analysis.plots.claims import method_intervals_figure, patching_contrast, seed_stability_figure
+
+    iv = pd.DataFrame(
+        [(m, met, 0.1 * i, 0.1 * i - 0.05, 0.1 * i + 0.02) for i, m in enumerate(["icl", "site"]) for met in
+         ("exact_match", "strict_match")], columns=["method", "metric", "mean", "low", "high"])  # fmt: skip
+    fig = method_intervals_figure({"A": iv, "B": iv})
+    assert len(fig.data) == 4 and [t.name for t in fig.data[::2]] == ["A", "B"]
+    site = fig.data[0]
+    assert list(site.x) == pytest.approx([0.0, 10.0]) and list(site.error_x.arrayminus) == pytest.approx([5.0, 5.0])
+    assert list(site.error_x.array) == pytest.approx([2.0, 2.0])
+    rows = [(t, s, c, d, r) for t in "ab" for s in (0, 1) for c, r in (("top", 0.8), ("bottom", 0.1), ("random", 0.3))
+            for d in range(2)] + [("a", 0, "site", 0, 1.0)]  # fmt: skip
+    df = pd.DataFrame(rows, columns=["task", "seed", "condition", "draw", "recovery_acc"])
+    fig = patching_contrast(df, k=27)
+    points = {t.name: t for t in fig.data if t.mode == "markers"}
+    assert set(points) == {"top-k by alpha", "random k", "bottom-k by alpha"}
+    assert list(points["top-k by alpha"].y) == [0.8, 0.8] and list(points["bottom-k by alpha"].text) == ["a", "b"]
+    means = [t.y[0] for t in fig.data if t.mode == "lines"]
+    assert means == pytest.approx([0.8, 0.3, 0.1])
+    stab = pd.DataFrame({"task": ["a", "b"], "jaccard": [0.5, 0.2], "spearman": [0.9, 0.1], "jaccard_chance": 0.05})
+    fig = seed_stability_figure(stab)
+    assert list(fig.data[0].y) == [0.5, 0.2] and list(fig.data[1].y) == [0.9, 0.1]
+    assert any(np.isclose(s.y0, 0.05) for s in fig.layout.shapes)
