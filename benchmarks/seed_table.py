@@ -4,9 +4,10 @@ SITE minus ICL and minus I2CL paired by seed, and each task's seed spread.
     .venv/bin/python benchmarks/seed_table.py                  # after benchmarks/run_seeds.sh
 
 Reads seed 0 from results/MODEL/rows.csv (all nine methods) and the further seeds from
-results/seeds/MODEL/rows.csv; writes results/seeds/MODEL/{intervals,differences,spread}.csv and
-summary.md, and figures/claims/methods_intervals.{html,png}. Only tasks every listed method finished are used, and a difference only pairs rows of
-the same (task, seed).
+results/seeds/MODEL/rows.csv (rewritten first from the rows on disk); writes
+results/seeds/MODEL/{intervals,differences,spread}.csv and intervals.md, and
+figures/claims/methods_intervals.{html,png}. Only tasks every listed method finished are used,
+and a difference only pairs rows of the same (task, seed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from site_lens.adapter import write_text_atomic
 from site_lens.analysis.plots.claims import method_intervals_figure
 from site_lens.analysis.plots.theme import save_figure
+from site_lens.experiments.bench import write_summary
 from site_lens.experiments.seed_report import markdown, method_intervals, paired_differences, read_rows, seed_spread
 
 METHODS = ["zero_shot", "icl", "site", "i2cl"]
@@ -33,6 +35,8 @@ def main() -> None:
     tables = {}
     for model in args.models.split(","):
         root = Path(args.results)
+        if (root / "seeds" / model / "rows").is_dir():  # the rows finished so far, also while runs go on
+            write_summary(root / "seeds" / model)
         paths = [root / model / "rows.csv", root / "seeds" / model / "rows.csv"]
         rows = read_rows([q for q in paths if q.is_file()])
         rows = rows[rows.method.isin(METHODS)]
@@ -44,7 +48,7 @@ def main() -> None:
         for name, df in (("intervals", iv), ("differences", diff), ("spread", spread)):
             write_text_atomic(out / f"{name}.csv", df.round(4).to_csv(index=False))
         text = markdown(iv, diff, spread, f"{model}: seeds and 95 % intervals (bootstrap over tasks)")
-        write_text_atomic(out / "summary.md", text)
+        write_text_atomic(out / "intervals.md", text)
         print(text)
         tables[NAMES.get(model, model)] = iv
     print(*save_figure(method_intervals_figure(tables), Path(args.figures) / "methods_intervals"))
