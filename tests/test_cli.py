@@ -246,6 +246,10 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     before.to_csv(out / "up" / "seed0" / "scores.csv", index=False)
     (out / "up" / "seed0" / "attribution.safetensors").unlink()
     smallest_full = pd.read_csv(out / "up" / "seed0" / "smallest_k.csv")
+    smallest_full[smallest_full.method != "attribution"].to_csv(out / "up" / "seed0" / "smallest_k.csv", index=False)
+    info = json.loads((out / "up" / "seed0" / "minimal.json").read_text())
+    del info["seconds"]["attribution"]
+    (out / "up" / "seed0" / "minimal.json").write_text(json.dumps(info))
     assert main(argv) == 0 and "attribution's ranking added" in capsys.readouterr().out
     again = pd.read_csv(out / "up" / "seed0" / "scores.csv")
     order = ["split", "method", "k", "draw", "weight", "mode"]
@@ -258,6 +262,7 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
         smallest_full.sort_values(["metric", "method"]).reset_index(drop=True),
     )
     assert torch.equal(load_file(str(out / "up" / "seed0" / "attribution.safetensors"))["attribution"], attr)
+    assert json.loads((out / "up" / "seed0" / "minimal.json").read_text())["seconds"]["attribution"] > 0
     assert set(pd.read_csv(out / "up" / "seed1" / "scores.csv").method) == {"zero_shot", "site", "sparse_l0", "sparse_l1"}
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary.task) == {"up", "rev"}

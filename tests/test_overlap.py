@@ -180,6 +180,8 @@ def test_permutation_test_finds_category_structure_and_only_that():
         for s, lab in enumerate(np.random.default_rng(1).permuted(np.array(["a"] * 5 + ["b"] * 5)[None].repeat(20, 0), axis=1))
     ]
     assert 0.2 < float(np.mean(pvals)) < 0.8  # no structure: p-values spread over (0, 1)
+    lone = category_permutation_test(pd.DataFrame(same[:2, :2], names[:2], names[:2]), {"t0": "a", "t5": "b", "t1": "b"})
+    assert np.isnan(lone["gap"]) and np.isnan(lone["p_value"])  # no pair within a category: no test, not p ~ 0
 
 
 def test_seed_stability_of_equal_and_of_independent_alphas():

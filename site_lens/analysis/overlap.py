@@ -147,6 +147,13 @@ def category_permutation_test(
         return float(values[same].mean() - values[~same].mean()) if same.any() and (~same).any() else float("nan")
 
     observed = gap(labels)
+    if np.isnan(observed):  # no pair within a category, or none across: nothing to test
+        return {
+            **category_summary(matrix, categories),
+            "gap": observed,
+            "p_value": float("nan"),
+            "null_mean": float("nan"),
+        }
     rng = np.random.default_rng(seed)
     null = np.array([gap(rng.permutation(labels)) for _ in range(n_perm)])
     p = (1 + int((null >= observed - 1e-12).sum())) / (n_perm + 1)

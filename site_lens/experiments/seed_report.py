@@ -5,8 +5,9 @@
     paired_differences(rows, "site", ["icl", "i2cl"])              # SITE minus each, seed by seed
     seed_spread(rows, ["icl", "site"])                            # per task: the seeds' mean, sd and range
 
-Every table is over the tasks that each named method finished with at least one seed, so
-methods are compared on the same tasks. A method's estimate is the mean over tasks of the
+``method_intervals`` is over the tasks every named method finished with at least one seed, so
+methods are compared on the same tasks; a paired difference over the tasks both of its methods
+finished. A method's estimate is the mean over tasks of the
 task's mean over its seeds; the interval is ``stats.bootstrap_interval``'s (tasks resampled,
 each with its seeds). A difference pairs the two methods' rows of the same (task, seed):
 with the same seed both drew the same stage-1 prompts, demonstrations and training order.

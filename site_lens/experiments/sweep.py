@@ -43,6 +43,7 @@ from ..analysis.sparse import SparseFit, sparse_path
 from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
 from ..methods.site import fit_site
 from ..models.engines import Model
+from ..models.identity import model_identity
 from ..stages.cie import causal_indirect_effect
 from ..tasks import Task, category
 
@@ -174,6 +175,7 @@ def add_attribution(model: Model, task: Task, folder: str | Path) -> float | Non
     if not (scores.method == "dense_alpha").any() or (scores.method == "attribution").any():
         return None
     dense = load_adapter(folder / "adapter")
+    dense.check_model(model_identity(model))  # the folder's model, not another
     t0 = time.perf_counter()
     attribution = attribution_scores(model, zero_shot_examples(model, task, "train", ATTRIBUTION_PROMPTS), dense.t)
     seconds = time.perf_counter() - t0
