@@ -65,8 +65,9 @@ def main() -> None:
             print(
                 f"\nMedian over {len(tasks)} tasks: Spearman {med(r['spearman'] for r in tasks):.3f}; CIE takes "
                 f"{med(r['median_s']['cie'] / r['median_s']['attribution'] for r in tasks):.0f}x the attribution's "
-                f"time ({res['threads']} thread(s), {res['device']}, one timed round after a warm-up; CIE's prompts "
-                "are 10-shot, the attribution's zero-shot).\n"
+                f"time ({res['threads']} thread(s), {res['device']}, one timed round after a warm-up, while other "
+                "benchmark processes shared the machine's two cores: compare the ratios, not the seconds; CIE's "
+                "prompts are 10-shot, the attribution's zero-shot).\n"
             )
 
 
