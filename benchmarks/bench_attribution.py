@@ -16,9 +16,9 @@ CIE's prompts are N-shot (longer than the zero-shot ones): their mean lengths ar
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_attribution.py --data data/fv \\
         --tasks antonym,capitalize,country-capital,english-french,present-past,singular-plural \\
         --out benchmarks/results/attribution.json
-    # the tasks and t of the minimal-head-set study (results/minimal), one timing round each:
+    # the tasks and t of the minimal-head-set study (results/minimal; TASKS: its 12 tasks, BENCHMARKS.md):
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_attribution.py --data data/fv \
-        --adapters results/minimal/smollm2-135m --tasks <its 12 tasks> --items 25 --repeats 1 \
+        --adapters results/minimal/smollm2-135m --tasks "$TASKS" --items 25 --repeats 1 \
         --out benchmarks/results/attribution_smollm2-135m.json
 """
 
