@@ -17,6 +17,9 @@ accuracy, answer probability) is left out of that recovery's averages: its denom
 
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m              # (b), (c): no model
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching   # and (a), resumable
+    .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --minimal
+        # the same on the minimal-head-set study's dense fits (12 SmolLM2 / 6 Gemma 3 tasks, seeds 0-2,
+        # their own t), into results/minimal/MODEL/claims/
 
 Reads results/seeds/MODEL/rows/TASK/seedS/site.json (theta in the row's info) into
 results/seeds/MODEL/theta.safetensors (kept: later runs read both); writes stability.csv,
@@ -63,6 +66,15 @@ def collect_thetas(root: Path) -> dict[str, torch.Tensor]:
     return thetas
 
 
+def minimal_adapters(folder: Path) -> dict[str, object]:
+    """The dense SITE adapters of a sparsify folder, per "TASK/seedS" (each with its own t)."""
+    import site_lens as sl
+
+    return {
+        f"{p.parent.parent.name}/{p.parent.name}": sl.load_adapter(p) for p in sorted(folder.glob("*/seed*/adapter"))
+    }
+
+
 def by_task(thetas: dict[str, torch.Tensor]) -> dict[str, dict[int, torch.Tensor]]:
     out: dict[str, dict[int, torch.Tensor]] = {}
     for key, theta in thetas.items():
@@ -96,7 +108,7 @@ def task_dependence(alphas: dict[str, dict[int, torch.Tensor]], cats: dict[str, 
     return pd.DataFrame(rows)
 
 
-def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[int]) -> pd.DataFrame:
+def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[int], adapters=None) -> pd.DataFrame:
     import site_lens as sl
     from site_lens.analysis.patching import head_patching_sweep
     from site_lens.models import model_identity
@@ -113,8 +125,11 @@ def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[in
             made = old is not None and set(ks) <= set(old.k) and old.draw.max() + 1 == DRAWS
             if not made:  # absent, or made with other k or draws
                 task = sl.load_task(task_name, data_dir=data)
-                t = task_embedding(model, task, sl.EmbeddingConfig(), seed)
-                adapter = sl.Adapter(t=t, theta=thetas[f"{task_name}/seed{seed}"], model=model_identity(model))
+                adapter = (adapters or {}).get(f"{task_name}/seed{seed}")
+                if adapter is None:  # the row's theta, and its t from stage 1 with the same seed
+                    t = task_embedding(model, task, sl.EmbeddingConfig(), seed)
+                    adapter = sl.Adapter(t=t, theta=thetas[f"{task_name}/seed{seed}"], model=model_identity(model))
+                adapter.check_model(model_identity(model))
                 df = head_patching_sweep(model, task, adapter, ks=ks, draws=DRAWS, max_items=50, seed=seed)
                 df.insert(1, "seed", seed)
                 tmp = path.with_suffix(".tmp")
@@ -166,19 +181,30 @@ def main() -> None:
     ap.add_argument("--data", default="data/fv")
     ap.add_argument("--patching", action="store_true", help="also run (a), which loads the model")
     ap.add_argument("--figures", default="figures/claims")
+    ap.add_argument("--minimal", action="store_true", help="alphas and t of results/minimal/MODEL's dense fits")
     args = ap.parse_args()
     results = Path(args.results)
-    root = results / "seeds" / args.model
-    thetas = collect_thetas(root)
+    adapters = None
+    if args.minimal:  # the sparsify folders' dense SITE fits: three seeds, t included
+        adapters = minimal_adapters(results / "minimal" / args.model)
+        thetas = {key: a.theta for key, a in adapters.items()}
+        root = results / "minimal" / args.model / "claims"
+        root.mkdir(exist_ok=True)
+        fig_stem = f"{args.model}_minimal"
+    else:
+        root = results / "seeds" / args.model
+        thetas = collect_thetas(root)
+        fig_stem = args.model
     alphas = by_task(thetas)
     n_heads = next(iter(thetas.values())).numel()
     k = round(0.1 * n_heads)
     cats = categories(args.model, results)
-    lines = [f"# {args.model}: head-specificity claims (k = {k} of {n_heads} heads)", ""]
+    source = "the minimal-head-set study's dense SITE fits" if args.minimal else "the seed runs' SITE fits"
+    lines = [f"# {args.model}: head-specificity claims (k = {k} of {n_heads} heads), from {source}", ""]
     stab = stability(alphas, k)
     if len(stab):
         stab.round(4).to_csv(root / "stability.csv", index=False)
-        save_figure(seed_stability_figure(stab), Path(args.figures) / f"{args.model}_stability")
+        save_figure(seed_stability_figure(stab), Path(args.figures) / f"{fig_stem}_stability")
         above = int((stab.jaccard > stab.jaccard_chance).sum())
         lines += [
             (
@@ -199,14 +225,14 @@ def main() -> None:
         lines.append("")
     if args.patching:
         ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]
-        df = patching(args.model, root, args.data, alphas, thetas, ks)
+        df = patching(args.model, root, args.data, alphas, thetas, ks, adapters)
         summ = patching_summary(df)
         summ.round(4).to_csv(root / "patching.csv", index=False)
         keep = kept_pairs(df)["recovery_acc"]
         shown = df[[pair in keep for pair in zip(df.task, df.seed)]]
         for kk in ks:
             fig = patching_contrast(shown[shown.k == kk], k=kk)
-            save_figure(fig, Path(args.figures) / f"{args.model}_patching_k{kk}")
+            save_figure(fig, Path(args.figures) / f"{fig_stem}_patching_k{kk}")
         n_pairs = df.groupby(["task", "seed"]).ngroups
         head = (
             f"(a) patching t into k heads: {n_pairs} (task, seed) pairs; each recovery over the pairs where SITE "
