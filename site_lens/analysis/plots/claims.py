@@ -87,10 +87,11 @@ def patching_contrast(df: pd.DataFrame, metric: str = "recovery_acc", k: int | N
         )  # fmt: skip
     what = "first-token accuracy" if metric == "recovery_acc" else "answer probability"
     fig.update_xaxes(tickvals=[0, 1, 2], ticktext=[v[0] for v in CONDITIONS.values()], showgrid=False)
-    fig.update_yaxes(title_text=f"recovery of {what} (0 zero-shot, 1 SITE)")
+    fig.update_yaxes(title_text="recovery (0 zero-shot, 1 SITE)")
     fig.add_hline(y=0, line=dict(color="#bbbbbb", width=1))
     heads = f"{k} heads" if k else "k heads"
-    _style(fig, f"t written into {heads}: one point per task, bar at the mean", height=380, showlegend=False)
+    subtitle = f"recovery of {what}; a point per task, bar: mean"
+    _style(fig, f"t written into {heads}", height=380, showlegend=False, subtitle=subtitle, margin=dict(t=80))
     return fig
 
 
