@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "sparsify",
         cmd_sparsify,
-        "minimal head sets: sparse SITE swept over its penalty against top-k by alpha, by CIE and random k; resumable",
+        "minimal head sets: sparse SITE swept over its penalty against top-k by alpha, by CIE, by attribution and "
+        "random k; resumable",
     )
     site_args(p)
     p.add_argument("--tasks", required=True, help="'all' or a comma list of task names")
