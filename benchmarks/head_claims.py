@@ -114,7 +114,7 @@ def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[in
     from site_lens.models import model_identity
     from site_lens.stages.embeddings import task_embedding
 
-    model = sl.load_model(model_name)
+    model = None  # loaded when a (task, seed) is missing: committed files redraw without it
     out = root / "patching"
     out.mkdir(exist_ok=True)
     frames = []
@@ -124,6 +124,7 @@ def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[in
             old = pd.read_csv(path) if path.is_file() else None
             made = old is not None and set(ks) <= set(old.k) and old.draw.max() + 1 == DRAWS
             if not made:  # absent, or made with other k or draws
+                model = model or sl.load_model(model_name)
                 task = sl.load_task(task_name, data_dir=data)
                 adapter = (adapters or {}).get(f"{task_name}/seed{seed}")
                 if adapter is None:  # the row's theta, and its t from stage 1 with the same seed

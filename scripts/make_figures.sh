@@ -22,7 +22,16 @@ draw() {  # FOLDER, then the inputs of site-lens figures: drawn into a fresh fol
   shift
   rm -rf "$new"
   mkdir -p "$new"
-  "$PY" -m site_lens figures "$@" --out "$new" | grep '^wrote ' | sed "s#$new#$dir#g"
+  if [ "$1" = --claims ]; then  # the claims' tables and figures (benchmarks/; no model: the patching is committed)
+    "$PY" benchmarks/seed_table.py --figures "$new" >/dev/null
+    for model in smollm2-135m gemma-3-270m; do
+      "$PY" benchmarks/head_claims.py --model "$model" --minimal --patching --figures "$new" >/dev/null
+    done
+    "$PY" benchmarks/head_claims.py --model smollm2-135m --patching --figures "$new" >/dev/null
+    echo "wrote $dir"
+  else
+    "$PY" -m site_lens figures "$@" --out "$new" | grep '^wrote ' | sed "s#$new#$dir#g"
+  fi
   mkdir -p "$dir"
   rm -f "$dir"/*.png "$dir"/*.html "$dir"/plotly.min.js
   mv "$new"/* "$dir"/
@@ -34,3 +43,5 @@ draw "$OUT" --runs results/head_specificity/runs --bench results/smollm2-135m,re
 # the minimal-head-set study, per model
 draw "$OUT/minimal" --sparse results/minimal/smollm2-135m
 draw "$OUT/minimal_gemma" --sparse results/minimal/gemma-3-270m
+# the claims across tasks and seeds: methods with intervals, the patching contrast, seed stability
+draw "$OUT/claims" --claims
