@@ -95,7 +95,7 @@ def minimal_sets(
         cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
         seconds["cie"] = time.perf_counter() - t0
         t0 = time.perf_counter()  # as many prompts as CIE's, zero-shot from train: SITE's own setting
-        attribution = attribution_scores(model, zero_shot_examples(model, task, "train", ATTRIBUTION_PROMPTS), dense.t)
+        attribution = _attribution(model, task, dense.t)
         seconds["attribution"] = time.perf_counter() - t0
     fits: list[SparseFit] = []
     for penalty, ws in weights.items():
@@ -147,6 +147,20 @@ def minimal_sets(
 RECOVERY_COLUMNS = ("recovery_em", "recovery_prob", "site_gain_em")
 
 
+def _attribution(model: Model, task: Task, t: torch.Tensor) -> torch.Tensor:
+    """Attribution patching's estimated effect of t per head, on ATTRIBUTION_PROMPTS zero-shot train prompts."""
+    return attribution_scores(model, zero_shot_examples(model, task, "train", ATTRIBUTION_PROMPTS), t)
+
+
+def _save_tensors(folder: Path, name: str, tensors: dict) -> None:
+    """``tensors`` as the safetensors file ``folder / name``, written whole or not at all."""
+    from safetensors.torch import save_file
+
+    tmp = folder / f".{name}.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, folder / name)
+
+
 def _recovery_and_smallest(
     scores: pd.DataFrame, task: str, seed: int, target: float
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -177,7 +191,7 @@ def add_attribution(model: Model, task: Task, folder: str | Path) -> float | Non
     dense = load_adapter(folder / "adapter")
     dense.check_model(model_identity(model))  # the folder's model, not another
     t0 = time.perf_counter()
-    attribution = attribution_scores(model, zero_shot_examples(model, task, "train", ATTRIBUTION_PROMPTS), dense.t)
+    attribution = _attribution(model, task, dense.t)
     seconds = time.perf_counter() - t0
     ks = sorted(int(k) for k in scores.k[scores.method == "dense_alpha"].unique())
     sets = ranking_sets(attribution, ks, "attribution")
@@ -189,11 +203,7 @@ def add_attribution(model: Model, task: Task, folder: str | Path) -> float | Non
     new.insert(2, "category", info["category"])
     both = pd.concat([scores, new], ignore_index=True)
     both, smallest = _recovery_and_smallest(both, task.name, info["seed"], info["target"])
-    from safetensors.torch import save_file
-
-    tmp = folder / ".attribution.safetensors.tmp"
-    save_file({"attribution": attribution.float().contiguous()}, str(tmp))
-    os.replace(tmp, folder / "attribution.safetensors")
+    _save_tensors(folder, "attribution.safetensors", {"attribution": attribution.float().contiguous()})
     write_text_atomic(folder / "smallest_k.csv", smallest.to_csv(index=False))
     write_text_atomic(folder / "scores.csv", both.to_csv(index=False))  # the mark that it is added
     info["seconds"]["attribution"] = seconds
@@ -204,28 +214,21 @@ def add_attribution(model: Model, task: Task, folder: str | Path) -> float | Non
 def write_minimal(result: MinimalResult, folder: str | Path) -> Path:
     """The folder: adapter/ (dense SITE), cie, attribution and sparse thetas (safetensors), scores.csv, smallest_k.csv,
     minimal.json."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / DONE_FILE).unlink(missing_ok=True)  # unfinished until the end, also when redone
     for name in ("cie.safetensors", "attribution.safetensors"):
         (folder / name).unlink(missing_ok=True)
     save_adapter(result.dense, folder / "adapter")
-
-    def save(tensors: dict, name: str) -> None:
-        tmp = folder / f".{name}.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, folder / name)
-
     if result.cie is not None:
-        save({"cie": result.cie.float().contiguous()}, "cie.safetensors")
+        _save_tensors(folder, "cie.safetensors", {"cie": result.cie.float().contiguous()})
     if result.attribution is not None:
-        save({"attribution": result.attribution.float().contiguous()}, "attribution.safetensors")
+        _save_tensors(folder, "attribution.safetensors", {"attribution": result.attribution.float().contiguous()})
     # one theta per sparse point, named PENALTY_INDEX in the order of minimal.json's "sparse" list
-    save(
-        {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)},
+    _save_tensors(
+        folder,
         "sparse.safetensors",
+        {f"{f.sparsity.penalty}_{i}": f.adapter.theta.float().contiguous() for i, f in enumerate(result.fits)},
     )
     write_text_atomic(folder / "scores.csv", result.scores.to_csv(index=False))
     write_text_atomic(folder / "smallest_k.csv", result.smallest.to_csv(index=False))
