@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -83,6 +84,18 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
     assert len(seen) == 2 and len(rows) == 2
     bench.run_bench(model, ["upper"], out=out, **kw)
     assert len(seen) == 2  # nothing re-run
+    # a committed folder (rows.csv and bench.json, no row files) resumes too: its rows are not run again
+    text = (out / "rows.csv").read_text()
+    shutil.rmtree(out / "rows")
+    bench.run_bench(model, ["upper"], out=out, **{**kw, "seeds": [0, 1]})
+    assert [(r["method"], r["seed"]) for r in seen[2:]] == [("zero_shot", 1), ("ia3", 1)]
+    after = (out / "rows.csv").read_text().splitlines()
+    assert set(text.splitlines()) < set(after) and len(after) == 5
+    shutil.rmtree(out / "rows")  # settings other than the folder's: its rows are run again
+    bench.run_bench(model, ["upper"], out=out, **{**kw, "cfg": SiteConfig(embedding=SMALL_EMBEDDING, eval=EvalConfig(max_test=3))})
+    assert len(seen) == 6
+    out = tmp_path / "out2"
+    rows = bench.run_bench(model, ["upper"], out=out, **kw)
     # a second "shard" elsewhere, then merge both
     bench.run_bench(model, ["lower"], out=tmp_path / "shard1", **kw)
     merged = bench.merge([out, tmp_path / "shard1"], tmp_path / "merged")

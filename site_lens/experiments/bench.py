@@ -23,6 +23,7 @@ every row on disk, so concurrent writers cannot drop each other's rows.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -141,17 +142,50 @@ def lock_path(out: Path, task: str, seed: int, method: str) -> Path:
 def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
     """Write bench.json, keeping the methods and seeds other processes on this folder recorded."""
     with locks.wait(out / LOCKS_DIR / "folder"):
-        if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
-            raise ConfigError(
-                f"{out} holds a rows.csv but no {ROWS_DIR}/ folder (a merged or copied summary): bench would "
-                "replace it with its own rows; use another --out"
-            )
         old = _read_json(out / SPEC_FILE) or {}
         if old.get("model") not in (None, spec["model"]):
             raise ConfigError(f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out")
+        if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
+            if not old:
+                raise ConfigError(
+                    f"{out} holds a rows.csv but no {ROWS_DIR}/ folder and no {SPEC_FILE} (a merged or copied "
+                    "summary): bench would replace it with its own rows; use another --out"
+                )
+            restore_rows(out, old)
         for k in ("methods", "seeds"):
             spec[k] = list(dict.fromkeys([*old.get(k, []), *spec[k]]))
         write_json_atomic(out / SPEC_FILE, spec)
+
+
+def restore_rows(out: Path, spec: dict[str, Any]) -> int:
+    """Row files again from a committed rows.csv and bench.json (row files hold predictions, kept out of git).
+
+    Each row gets the spec its folder's settings give it, so a run with those settings skips it and
+    the rewritten rows.csv is the same; ``predictions`` and ``info`` are not in rows.csv and stay absent.
+    """
+    cfg = SiteConfig.from_dict(spec.get("config", {}))
+    dtype = spec.get("dtype", "float32")  # recorded when not float32
+    n = 0
+    with open(out / "rows.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                row = {k: _from_csv(k, r[k]) for k in ROW_FIELDS}
+            except (KeyError, ValueError) as e:
+                raise ConfigError(f"{out / 'rows.csv'}: not a bench row ({e}): use another --out") from None
+            path = row_path(out, row["task"], row["seed"], row["method"])
+            on_disk = {**row, "spec": row_spec(spec["model"], cfg, row["method"], dtype), "computed_by": "rows.csv"}
+            write_json_atomic(path, on_disk)
+            n += 1
+    log.info("%s: %d rows restored from rows.csv", out, n)
+    return n
+
+
+def _from_csv(key: str, text: str) -> Any:
+    if key in ("task", "category", "method"):
+        return text
+    if text == "-":
+        return None
+    return int(text) if key in ("seed", "n_trainable", "n_test") else float(text)
 
 
 # Which settings each method's numbers depend on, beyond the model and the scoring caps
@@ -236,7 +270,8 @@ def run_bench(
         log.info("removed temp files left by an interrupted run")
     _merge_spec(
         out,
-        {**spec, "model_identity": ident, "methods": list(methods), "seeds": list(seeds), "config": cfg.to_dict()},
+        {**spec, **({"dtype": dtype} if dtype != "float32" else {}), "model_identity": ident,
+         "methods": list(methods), "seeds": list(seeds), "config": cfg.to_dict()},
         locks,
     )
     for name in tasks:
