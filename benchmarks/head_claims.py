@@ -5,7 +5,8 @@
     test prompts; recovery of first-token accuracy and of the answer's probability, 0 at zero-shot
     and 1 at SITE. Per (task, seed); t is stage 1 rerun with that seed (SITE's own t).
 (b) Task dependence: top-k Jaccard between tasks, within vs across the abstractive / extractive
-    categories, with a permutation test (``analysis.overlap.category_permutation_test``), per seed.
+    categories and within vs across task families (``families``), with a permutation test
+    (``analysis.overlap.category_permutation_test``), per seed.
 (c) Stability: per task, the mean pairwise Spearman of alphas across seeds and the top-k Jaccard
     against its chance level (``analysis.overlap.seed_stability``).
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +58,8 @@ def collect_thetas(root: Path) -> dict[str, torch.Tensor]:
     thetas = dict(load_file(str(path))) if path.is_file() else {}
     for row in sorted(root.glob("rows/*/seed*/site.json")):
         r = json.loads(row.read_text())
-        info = r["info"] if isinstance(r["info"], dict) else ast.literal_eval(r["info"])
+        info = r.get("info") or {}  # none in a row restored from rows.csv: its theta is in the file already
+        info = info if isinstance(info, dict) else ast.literal_eval(info)
         if "theta" in info:
             thetas[f"{r['task']}/seed{r['seed']}"] = torch.tensor(info["theta"], dtype=torch.float32)
     if thetas:
@@ -97,14 +100,22 @@ def stability(alphas: dict[str, dict[int, torch.Tensor]], k: int) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def task_dependence(alphas: dict[str, dict[int, torch.Tensor]], cats: dict[str, str], k: int) -> pd.DataFrame:
+def families(tasks) -> dict[str, str]:
+    """The finer groups the FV task names give: one family per name less its list length (animal_v_object_3
+    and _5 are one family); a task alone in its family only adds pairs across families."""
+    return {t: re.sub(r"_\d+$", "", t) for t in tasks}
+
+
+def task_dependence(alphas: dict[str, dict[int, torch.Tensor]], groupings: dict[str, dict[str, str]], k: int) -> pd.DataFrame:
     rows = []
     seeds = sorted({s for v in alphas.values() for s in v})
-    for seed in seeds:
-        one = {t: v[seed] for t, v in alphas.items() if seed in v and t in cats}
-        if len({cats[t] for t in one}) < 2:
-            continue
-        rows.append({"seed": seed, "tasks": len(one), **category_permutation_test(jaccard_matrix(one, k), cats)})
+    for name, groups in groupings.items():
+        for seed in seeds:
+            one = {t: v[seed] for t, v in alphas.items() if seed in v and t in groups}
+            if len({groups[t] for t in one}) < 2:
+                continue
+            test = category_permutation_test(jaccard_matrix(one, k), groups)
+            rows.append({"grouping": name, "seed": seed, "tasks": len(one), **test})
     return pd.DataFrame(rows)
 
 
@@ -216,13 +227,23 @@ def main() -> None:
             ),
             "",
         ]
-    dep = task_dependence(alphas, cats, k)
+    dep = task_dependence(alphas, {"category": cats, "family": families(cats)}, k)
     if len(dep):
         dep.round(4).to_csv(root / "categories.csv", index=False)
-        lines += ["(b) top-k Jaccard between tasks, within vs across abstractive / extractive:", ""]
-        lines += ["| seed | tasks | within | across | gap | p (permutation) |", "|---|---|---|---|---|---|"]
+        lines += [
+            (
+                "(b) top-k Jaccard between tasks, within vs across groups: category (abstractive / extractive) "
+                "and family (one task at two list lengths, e.g. animal_v_object_3 and _5):"
+            ),
+            "",
+            "| grouping | seed | tasks | pairs within | within | across | gap | p (permutation) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in dep.itertuples():
-            lines.append(f"| {r.seed} | {r.tasks} | {r.within:.3f} | {r.across:.3f} | {r.gap:+.3f} | {r.p_value:.4f} |")
+            lines.append(
+                f"| {r.grouping} | {r.seed} | {r.tasks} | {r.n_within} | {r.within:.3f} | {r.across:.3f} | "
+                f"{r.gap:+.3f} | {r.p_value:.4f} |"
+            )
         lines.append("")
     if args.patching:
         ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]

@@ -9,7 +9,9 @@ Layout of an output folder::
 
 Every file is written atomically (temp file + rename), so an interrupted run
 leaves finished rows whole and nothing half-written; a rerun skips rows whose
-file exists with the same model and caps, and finishes the rest. ``--shard
+file exists with the same model and caps, and finishes the rest. A folder
+with rows.csv and bench.json but no row files (row files hold predictions
+and stay out of git) resumes from those two. ``--shard
 I/N`` takes tasks I, I+N, I+2N ... of the sorted list (I from 0), so shards
 are disjoint (inside a Slurm job array it defaults to the array's own index,
 ``slurm_shard``); ``merge`` summarises the rows of several output folders.
