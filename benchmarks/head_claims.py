@@ -25,7 +25,7 @@ accuracy, answer probability) is left out of that recovery's averages: its denom
 Reads results/seeds/MODEL/rows/TASK/seedS/site.json (theta in the row's info) into
 results/seeds/MODEL/theta.safetensors (kept: later runs read both); writes stability.csv,
 categories.csv, patching/TASK_seedS.csv, patching.csv and claims.md next to it, and
-figures/claims/MODEL_stability and MODEL_patching_kK.
+figures/claims/MODEL_stability, MODEL_groups and MODEL_patching_kK.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
-from site_lens.analysis.overlap import category_permutation_test, jaccard_matrix, seed_stability
-from site_lens.analysis.plots.claims import patching_contrast, seed_stability_figure
+from site_lens.analysis.overlap import category_permutation_test, jaccard_matrix, permutation_null, seed_stability
+from site_lens.analysis.plots.claims import patching_contrast, permutation_null_figure, seed_stability_figure
 from site_lens.analysis.plots.theme import save_figure
 from site_lens.stats import bootstrap_interval
 
@@ -106,17 +106,25 @@ def families(tasks) -> dict[str, str]:
     return {t: re.sub(r"_\d+$", "", t) for t in tasks}
 
 
-def task_dependence(alphas: dict[str, dict[int, torch.Tensor]], groupings: dict[str, dict[str, str]], k: int) -> pd.DataFrame:
-    rows = []
+def task_dependence(
+    alphas: dict[str, dict[int, torch.Tensor]], groupings: dict[str, dict[str, str]], k: int
+) -> tuple[pd.DataFrame, dict[str, tuple[float, np.ndarray]]]:
+    """Per grouping and seed: the permutation test's row, and (observed gap, null gaps) for the figure."""
+    rows, nulls = [], {}
     seeds = sorted({s for v in alphas.values() for s in v})
     for name, groups in groupings.items():
         for seed in seeds:
             one = {t: v[seed] for t, v in alphas.items() if seed in v and t in groups}
             if len({groups[t] for t in one}) < 2:
                 continue
-            test = category_permutation_test(jaccard_matrix(one, k), groups)
-            rows.append({"grouping": name, "seed": seed, "tasks": len(one), **test})
-    return pd.DataFrame(rows)
+            matrix = jaccard_matrix(one, k)
+            if len(one) == len({groups[t] for t in one}):  # every task alone in its group: nothing within
+                continue
+            rows.append({"grouping": name, "seed": seed, "tasks": len(one), **category_permutation_test(matrix, groups)})
+            observed, null = permutation_null(matrix, groups)  # the test's own shuffles (same seed)
+            if len(null):
+                nulls[f"{name}, seed {seed}"] = (observed, null)
+    return pd.DataFrame(rows), nulls
 
 
 def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[int], adapters=None) -> pd.DataFrame:
@@ -227,9 +235,10 @@ def main() -> None:
             ),
             "",
         ]
-    dep = task_dependence(alphas, {"category": cats, "family": families(cats)}, k)
+    dep, nulls = task_dependence(alphas, {"category": cats, "family": families(cats)}, k)
     if len(dep):
         dep.round(4).to_csv(root / "categories.csv", index=False)
+        save_figure(permutation_null_figure(nulls), Path(args.figures) / f"{fig_stem}_groups")
         lines += [
             (
                 "(b) top-k Jaccard between tasks, within vs across groups: category (abstractive / extractive) "

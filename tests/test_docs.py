@@ -167,3 +167,17 @@ def test_shell_blocks_parse(block):
             assert argv[0] in targets, f"no make target {argv[0]}"
         for script in re.findall(r"(?:benchmarks|scripts)/[\w./-]+\.py", line):
             assert (ROOT / script).is_file(), script
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma-3-270m"])
+def test_readme_intervals_are_the_committed_ones(model):
+    """README's paired differences (SITE minus ICL, minus I2CL) are those of results/seeds/MODEL/differences.csv."""
+    import csv
+
+    readme = (ROOT / "README.md").read_text()
+    rows = list(csv.DictReader((ROOT / "results" / "seeds" / model / "differences.csv").open()))
+    shown = [("site - icl", "exact_match"), ("site - icl", "strict_match"), ("site - i2cl", "exact_match")]
+    for r in rows:
+        if (r["difference"], r["metric"]) in shown:
+            mean, low, high = (100 * float(r[k]) for k in ("mean", "low", "high"))
+            assert f"{mean:+.1f}" in readme and f"[{low:.1f}, {high:.1f}]" in readme, (model, r)

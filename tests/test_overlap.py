@@ -163,7 +163,7 @@ def test_permutation_test_finds_category_structure_and_only_that():
     import numpy as np
     import pandas as pd
 
-    from site_lens.analysis.overlap import category_permutation_test
+    from site_lens.analysis.overlap import category_permutation_test, permutation_null
 
     names = [f"t{i}" for i in range(10)]
     cats = {n: "a" if i < 5 else "b" for i, n in enumerate(names)}
@@ -182,6 +182,11 @@ def test_permutation_test_finds_category_structure_and_only_that():
     assert 0.2 < float(np.mean(pvals)) < 0.8  # no structure: p-values spread over (0, 1)
     lone = category_permutation_test(pd.DataFrame(same[:2, :2], names[:2], names[:2]), {"t0": "a", "t5": "b", "t1": "b"})
     assert np.isnan(lone["gap"]) and np.isnan(lone["p_value"])  # no pair within a category: no test, not p ~ 0
+    observed, null = permutation_null(pd.DataFrame(same, names, names), cats, n_perm=2000)
+    assert observed == r["gap"] and len(null) == 2000 and null.mean() == pytest.approx(r["null_mean"])
+    assert (1 + (null >= observed - 1e-12).sum()) / 2001 == r["p_value"]  # the figure draws the test's own shuffles
+    # a shuffle keeps the group sizes: two groups of five always give 20 pairs within, so the null is centred near 0
+    assert abs(null.mean()) < 0.05 and len(permutation_null(pd.DataFrame(same[:2, :2], names[:2], names[:2]), cats)[1]) == 0
 
 
 def test_seed_stability_of_equal_and_of_independent_alphas():

@@ -136,6 +136,21 @@ def category_permutation_test(
     ``p_value`` is the share of shuffles whose within minus across is at least the observed one
     (one-sided: are heads shared more within a category?), counting the observed labelling.
     """
+    observed, null = permutation_null(matrix, categories, n_perm, seed)
+    if np.isnan(observed):  # no pair within a category, or none across: nothing to test
+        p = mean = float("nan")
+    else:
+        p, mean = (1 + int((null >= observed - 1e-12).sum())) / (n_perm + 1), float(null.mean())
+    return {**category_summary(matrix, categories), "gap": observed, "p_value": p, "null_mean": mean}
+
+
+def permutation_null(
+    matrix: pd.DataFrame, categories: Mapping[str, str], n_perm: int = 10_000, seed: int = 0
+) -> tuple[float, np.ndarray]:
+    """The observed within-minus-across gap and its ``n_perm`` gaps with categories shuffled over tasks.
+
+    The gap is NaN (and the null empty) when no pair lies within a category or none across.
+    """
     names = [n for n in matrix.index if n in categories]
     m = matrix.loc[names, names].to_numpy(dtype=float)
     labels = np.array([categories[n] for n in names])
@@ -147,17 +162,10 @@ def category_permutation_test(
         return float(values[same].mean() - values[~same].mean()) if same.any() and (~same).any() else float("nan")
 
     observed = gap(labels)
-    if np.isnan(observed):  # no pair within a category, or none across: nothing to test
-        return {
-            **category_summary(matrix, categories),
-            "gap": observed,
-            "p_value": float("nan"),
-            "null_mean": float("nan"),
-        }
+    if np.isnan(observed):
+        return observed, np.empty(0)
     rng = np.random.default_rng(seed)
-    null = np.array([gap(rng.permutation(labels)) for _ in range(n_perm)])
-    p = (1 + int((null >= observed - 1e-12).sum())) / (n_perm + 1)
-    return {**category_summary(matrix, categories), "gap": observed, "p_value": p, "null_mean": float(null.mean())}
+    return observed, np.array([gap(rng.permutation(labels)) for _ in range(n_perm)])
 
 
 def expected_jaccard(n: int, k: int) -> float:

@@ -3,6 +3,7 @@
 method_intervals_figure({"SmolLM2-135M": iv1, "Gemma 3 270M": iv2})   # seed_report.method_intervals tables
 patching_contrast(df)                                                  # head_claims' patching rows
 seed_stability_figure(stability)                                       # one row per task
+permutation_null_figure({"category, seed 1": overlap.permutation_null(m, cats)})
 """
 
 from __future__ import annotations
@@ -124,3 +125,32 @@ def seed_stability_figure(stability: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(range=[-0.2, 1], row=1, col=2)
     title = f"Seed pairs of one task, {len(stability)} tasks"
     return _style(fig, title, height=340, margin=dict(t=75, b=30))
+
+
+def permutation_null_figure(tests: Mapping[str, tuple[float, np.ndarray]]) -> go.Figure:
+    """Per test (one row each): the gaps of shuffled groupings (violin) and the observed gap (diamond).
+
+    ``tests`` maps a label to ``overlap.permutation_null``'s (observed gap, null gaps).
+    """
+    fig = go.Figure()
+    labels = list(tests)
+    for i, (label, (observed, null)) in enumerate(tests.items()):
+        fig.add_trace(
+            go.Violin(
+                x=null, y=[label] * len(null), orientation="h", side="both", points=False, line_color="#888888",
+                fillcolor="rgba(136,136,136,0.35)", width=0.8, name="shuffled groups", showlegend=i == 0,
+                hoverinfo="skip", spanmode="hard",
+            )
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[observed], y=[label], mode="markers", name="observed", showlegend=i == 0,
+                marker=dict(color=COLORWAY[0], size=10, symbol="diamond"),
+                hovertemplate=f"{label}: %{{x:.3f}}<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.add_vline(x=0, line=dict(color="#bbbbbb", width=1))
+    fig.update_xaxes(title_text="top-k Jaccard within minus across groups")
+    fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1])
+    _style(fig, "Do tasks of a group share heads?", height=120 + 45 * len(labels), margin=dict(t=60))
+    return legend_below(fig)
