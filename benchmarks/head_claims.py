@@ -60,8 +60,11 @@ def collect_thetas(root: Path) -> dict[str, torch.Tensor]:
         r = json.loads(row.read_text())
         info = r.get("info") or {}  # none in a row restored from rows.csv: its theta is in the file already
         info = info if isinstance(info, dict) else ast.literal_eval(info)
+        key = f"{r['task']}/seed{r['seed']}"
         if "theta" in info:
-            thetas[f"{r['task']}/seed{r['seed']}"] = torch.tensor(info["theta"], dtype=torch.float32)
+            thetas[key] = torch.tensor(info["theta"], dtype=torch.float32)
+        elif key not in thetas:
+            print(f"warning: {row} has no theta and {path.name} none for {key}: left out", flush=True)
     if thetas:
         tmp = path.with_suffix(".tmp")
         save_file({k: v.contiguous() for k, v in sorted(thetas.items())}, str(tmp))
@@ -107,9 +110,14 @@ def families(tasks) -> dict[str, str]:
 
 
 def task_dependence(
-    alphas: dict[str, dict[int, torch.Tensor]], groupings: dict[str, dict[str, str]], k: int
+    alphas: dict[str, dict[int, torch.Tensor]],
+    groupings: dict[str, dict[str, str]],
+    k: int,
+    strata: dict[str, dict[str, str] | None] | None = None,
 ) -> tuple[pd.DataFrame, dict[str, tuple[float, np.ndarray]]]:
-    """Per grouping and seed: the permutation test's row, and (observed gap, null gaps) for the figure."""
+    """Per grouping and seed: the permutation test's row, and (observed gap, null gaps) for the figure.
+
+    ``strata[grouping]`` keeps a coarser grouping fixed in the shuffles (families within categories)."""
     rows, nulls = [], {}
     seeds = sorted({s for v in alphas.values() for s in v})
     for name, groups in groupings.items():
@@ -120,8 +128,10 @@ def task_dependence(
             matrix = jaccard_matrix(one, k)
             if len(one) == len({groups[t] for t in one}):  # every task alone in its group: nothing within
                 continue
-            rows.append({"grouping": name, "seed": seed, "tasks": len(one), **category_permutation_test(matrix, groups)})
-            observed, null = permutation_null(matrix, groups)  # the test's own shuffles (same seed)
+            within = (strata or {}).get(name)
+            test = category_permutation_test(matrix, groups, strata=within)
+            rows.append({"grouping": name, "seed": seed, "tasks": len(one), **test})
+            observed, null = permutation_null(matrix, groups, strata=within)  # the test's own shuffles
             if len(null):
                 nulls[f"{name}, seed {seed}"] = (observed, null)
     return pd.DataFrame(rows), nulls
@@ -235,14 +245,15 @@ def main() -> None:
             ),
             "",
         ]
-    dep, nulls = task_dependence(alphas, {"category": cats, "family": families(cats)}, k)
+    dep, nulls = task_dependence(alphas, {"category": cats, "family": families(cats)}, k, {"family": cats})
     if len(dep):
         dep.round(4).to_csv(root / "categories.csv", index=False)
         save_figure(permutation_null_figure(nulls), Path(args.figures) / f"{fig_stem}_groups")
         lines += [
             (
                 "(b) top-k Jaccard between tasks, within vs across groups: category (abstractive / extractive) "
-                "and family (one task at two list lengths, e.g. animal_v_object_3 and _5):"
+                "and family (one task at two list lengths, e.g. animal_v_object_3 and _5; families shuffled "
+                "within categories, so the test asks what a family shares beyond its category):"
             ),
             "",
             "| grouping | seed | tasks | pairs within | within | across | gap | p (permutation) |",

@@ -13,7 +13,7 @@ import pytest
 from small import SMALL_EMBEDDING, bench_cmd, small_methods, write_task_dir
 
 from site_lens.cli import main
-from site_lens.config import EvalConfig, SiteConfig
+from site_lens.config import ConfigError, EvalConfig, SiteConfig
 from site_lens.experiments import bench, bench_report
 from site_lens.tasks import category
 
@@ -92,8 +92,20 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
     after = (out / "rows.csv").read_text().splitlines()
     assert set(text.splitlines()) < set(after) and len(after) == 5
     shutil.rmtree(out / "rows")  # settings other than the folder's: its rows are run again
-    bench.run_bench(model, ["upper"], out=out, **{**kw, "cfg": SiteConfig(embedding=SMALL_EMBEDDING, eval=EvalConfig(max_test=3))})
+    other = {**kw, "cfg": SiteConfig(embedding=SMALL_EMBEDDING, eval=EvalConfig(max_test=3))}
+    bench.run_bench(model, ["upper"], out=out, **other)
     assert len(seen) == 6
+    # the folder now holds rows of two settings per method (seed 1 at max_test 2): none counts as finished
+    shutil.rmtree(out / "rows")
+    bench.run_bench(model, ["upper"], out=out, **{**other, "seeds": [0, 1]})
+    assert len(seen) == 10
+    # a bad line: a one-line error, no rows/ folder, rows.csv as it was
+    shutil.rmtree(out / "rows")
+    (out / "rows.csv").write_text((out / "rows.csv").read_text().replace(",0,", ",zero,", 1))
+    text = (out / "rows.csv").read_text()
+    with pytest.raises(ConfigError, match=r"rows.csv, line 2: not a bench row"):
+        bench.run_bench(model, ["upper"], out=out, **kw)
+    assert not (out / "rows").exists() and (out / "rows.csv").read_text() == text
     out = tmp_path / "out2"
     rows = bench.run_bench(model, ["upper"], out=out, **kw)
     # a second "shard" elsewhere, then merge both

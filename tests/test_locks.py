@@ -180,7 +180,7 @@ def test_slurm_arrays_without_a_shard_index_are_refused(env):
 
 def test_a_summary_without_its_rows_is_not_overwritten(tmp_path):
     (tmp_path / "rows.csv").write_text("task,method\nantonym,site\n")
-    with pytest.raises(ConfigError, match="rows.csv but no rows/"):
+    with pytest.raises(ConfigError, match="rows.csv has no rows/ folder and its bench.json does not record"):
         bench._merge_spec(tmp_path, {"model": "smollm2-135m", "methods": ["site"], "seeds": [0]}, Locks())
     assert (tmp_path / "rows.csv").read_text() == "task,method\nantonym,site\n"
 

@@ -187,6 +187,12 @@ def test_permutation_test_finds_category_structure_and_only_that():
     assert (1 + (null >= observed - 1e-12).sum()) / 2001 == r["p_value"]  # the figure draws the test's own shuffles
     # a shuffle keeps the group sizes: two groups of five always give 20 pairs within, so the null is centred near 0
     assert abs(null.mean()) < 0.05 and len(permutation_null(pd.DataFrame(same[:2, :2], names[:2], names[:2]), cats)[1]) == 0
+    # families within categories: tasks of a family share only what their category shares, so with the
+    # category kept (strata) the family gap is no more than chance, while a free shuffle calls it significant
+    fams = {n: f"{cats[n]}{i % 2}" for i, n in enumerate(names)}
+    free = category_permutation_test(pd.DataFrame(same, names, names), fams, n_perm=2000)
+    kept = category_permutation_test(pd.DataFrame(same, names, names), fams, n_perm=2000, strata=cats)
+    assert free["p_value"] < 0.05 and kept["p_value"] > 0.5
 
 
 def test_seed_stability_of_equal_and_of_independent_alphas():

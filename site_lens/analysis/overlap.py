@@ -129,14 +129,20 @@ def transfer_matrix(
 
 
 def category_permutation_test(
-    matrix: pd.DataFrame, categories: Mapping[str, str], n_perm: int = 10_000, seed: int = 0
+    matrix: pd.DataFrame,
+    categories: Mapping[str, str],
+    n_perm: int = 10_000,
+    seed: int = 0,
+    strata: Mapping[str, str] | None = None,
 ) -> dict[str, float | int]:
     """``category_summary`` and a permutation test of within minus across (categories shuffled over tasks).
 
     ``p_value`` is the share of shuffles whose within minus across is at least the observed one
     (one-sided: are heads shared more within a category?), counting the observed labelling.
+    ``strata`` (task -> coarser group) shuffles only within each coarser group: a test of finer
+    groups (task families) beyond what the coarser ones (categories) already share.
     """
-    observed, null = permutation_null(matrix, categories, n_perm, seed)
+    observed, null = permutation_null(matrix, categories, n_perm, seed, strata)
     if np.isnan(observed):  # no pair within a category, or none across: nothing to test
         p = mean = float("nan")
     else:
@@ -145,9 +151,14 @@ def category_permutation_test(
 
 
 def permutation_null(
-    matrix: pd.DataFrame, categories: Mapping[str, str], n_perm: int = 10_000, seed: int = 0
+    matrix: pd.DataFrame,
+    categories: Mapping[str, str],
+    n_perm: int = 10_000,
+    seed: int = 0,
+    strata: Mapping[str, str] | None = None,
 ) -> tuple[float, np.ndarray]:
-    """The observed within-minus-across gap and its ``n_perm`` gaps with categories shuffled over tasks.
+    """The observed within-minus-across gap and its ``n_perm`` gaps with categories shuffled over tasks
+    (within each of ``strata``'s groups when given; a task missing from ``strata`` is a group alone).
 
     The gap is NaN (and the null empty) when no pair lies within a category or none across.
     """
@@ -165,7 +176,16 @@ def permutation_null(
     if np.isnan(observed):
         return observed, np.empty(0)
     rng = np.random.default_rng(seed)
-    return observed, np.array([gap(rng.permutation(labels)) for _ in range(n_perm)])
+    keys = [strata.get(n, f"\0{n}") for n in names] if strata is not None else [""] * len(names)
+    groups = [np.flatnonzero(np.array(keys) == key) for key in dict.fromkeys(keys)]  # shuffled within each
+
+    def shuffled() -> np.ndarray:
+        lab = labels.copy()
+        for ix in groups:
+            lab[ix] = rng.permutation(labels[ix])
+        return lab
+
+    return observed, np.array([gap(shuffled()) for _ in range(n_perm)])
 
 
 def expected_jaccard(n: int, k: int) -> float:

@@ -29,6 +29,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -142,44 +143,68 @@ def lock_path(out: Path, task: str, seed: int, method: str) -> Path:
 
 
 def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
-    """Write bench.json, keeping the methods and seeds other processes on this folder recorded."""
+    """Write bench.json, keeping the methods, seeds and row specs other processes on this folder recorded.
+
+    ``row_specs`` holds, per method, the spec its rows were run with; a method run with two specs
+    in one folder is recorded as mixed (None), and its rows are not restored as finished.
+    """
     with locks.wait(out / LOCKS_DIR / "folder"):
         old = _read_json(out / SPEC_FILE) or {}
         if old.get("model") not in (None, spec["model"]):
             raise ConfigError(f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out")
         if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
-            if not old:
-                raise ConfigError(
-                    f"{out} holds a rows.csv but no {ROWS_DIR}/ folder and no {SPEC_FILE} (a merged or copied "
-                    "summary): bench would replace it with its own rows; use another --out"
-                )
             restore_rows(out, old)
         for k in ("methods", "seeds"):
             spec[k] = list(dict.fromkeys([*old.get(k, []), *spec[k]]))
+        specs = dict(old.get("row_specs") or {})
+        for m, s in spec["row_specs"].items():
+            specs[m] = s if specs.get(m, s) == s else None
+        spec["row_specs"] = specs
         write_json_atomic(out / SPEC_FILE, spec)
 
 
 def restore_rows(out: Path, spec: dict[str, Any]) -> int:
     """Row files again from a committed rows.csv and bench.json (row files hold predictions, kept out of git).
 
-    Each row gets the spec its folder's settings give it, so a run with those settings skips it and
-    the rewritten rows.csv is the same; ``predictions`` and ``info`` are not in rows.csv and stay absent.
+    Each row gets the spec bench.json records for its method (``row_specs``; from ``config`` in a
+    folder older than that), so a run with those settings skips it and the rewritten rows.csv is the
+    same; a method run with two specs gets none and is run again. ``predictions`` and ``info`` are not
+    in rows.csv and stay absent. All rows are parsed first and written into a folder renamed into
+    place, so a bad row or a killed process leaves no partial rows/ behind.
     """
-    cfg = SiteConfig.from_dict(spec.get("config", {}))
-    dtype = spec.get("dtype", "float32")  # recorded when not float32
-    n = 0
-    with open(out / "rows.csv", newline="") as f:
-        for r in csv.DictReader(f):
+    where = out / "rows.csv"
+    if not spec.get("model") or not isinstance(spec.get("config"), dict):
+        raise ConfigError(
+            f"{where} has no rows/ folder and its {SPEC_FILE} does not record the settings (a merged, copied or "
+            "older summary): bench would replace it with its own rows; use another --out"
+        )
+    cfg = SiteConfig.from_dict(spec["config"])
+    if (cfg.eval.max_test, cfg.eval.max_new_tokens) != (spec.get("max_test"), spec.get("max_new_tokens")):
+        raise ConfigError(f"{out / SPEC_FILE}: its config and its max_test / max_new_tokens disagree: use another --out")
+    recorded = spec.get("row_specs")
+
+    def spec_of(method: str) -> dict[str, Any] | None:
+        if recorded is not None:
+            return recorded.get(method)
+        return row_spec(spec["model"], cfg, method, spec.get("dtype", "float32"))
+
+    rows = []
+    with open(where, newline="") as f:
+        for i, r in enumerate(csv.DictReader(f), start=2):
             try:
-                row = {k: _from_csv(k, r[k]) for k in ROW_FIELDS}
-            except (KeyError, ValueError) as e:
-                raise ConfigError(f"{out / 'rows.csv'}: not a bench row ({e}): use another --out") from None
-            path = row_path(out, row["task"], row["seed"], row["method"])
-            on_disk = {**row, "spec": row_spec(spec["model"], cfg, row["method"], dtype), "computed_by": "rows.csv"}
-            write_json_atomic(path, on_disk)
-            n += 1
-    log.info("%s: %d rows restored from rows.csv", out, n)
-    return n
+                rows.append({k: _from_csv(k, r.get(k, "-") if k in OPTIONAL else r[k]) for k in ROW_FIELDS})
+            except (KeyError, TypeError, ValueError) as e:
+                raise ConfigError(f"{where}, line {i}: not a bench row ({e!r}): use another --out") from None
+    tmp = out / f".{ROWS_DIR}.restoring"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a restore that was killed
+    (tmp / ROWS_DIR).mkdir(parents=True)
+    for row in rows:
+        on_disk = {**row, "spec": spec_of(row["method"]), "computed_by": "rows.csv"}
+        write_json_atomic(row_path(tmp, row["task"], row["seed"], row["method"]), on_disk)
+    os.replace(tmp / ROWS_DIR, out / ROWS_DIR)
+    tmp.rmdir()
+    log.info("%s: %d rows restored from rows.csv", out, len(rows))
+    return len(rows)
 
 
 def _from_csv(key: str, text: str) -> Any:
@@ -272,8 +297,8 @@ def run_bench(
         log.info("removed temp files left by an interrupted run")
     _merge_spec(
         out,
-        {**spec, **({"dtype": dtype} if dtype != "float32" else {}), "model_identity": ident,
-         "methods": list(methods), "seeds": list(seeds), "config": cfg.to_dict()},
+        {**spec, "dtype": dtype, "model_identity": ident, "methods": list(methods), "seeds": list(seeds),
+         "config": cfg.to_dict(), "row_specs": {m: row_spec(ident["name"], cfg, m, dtype) for m in methods}},
         locks,
     )
     for name in tasks:
