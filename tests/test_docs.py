@@ -181,6 +181,6 @@ def test_readme_intervals_are_the_committed_ones(model):
     for r in rows:
         if (r["difference"], r["metric"]) in shown:
             mean, low, high = (100 * float(r[k]) for k in ("mean", "low", "high"))
-            assert re.search(rf"{re.escape(f'{mean:+.1f}')}( points)? \[{low:.1f}, {high:.1f}\]", readme), (model, r)
+            assert re.search(rf"{re.escape(f'{mean:+.1f}')}(\s+points)?\s+\[{low:.1f},\s+{high:.1f}\]", readme), (model, r)
             found += 1
     assert found == len(shown), f"{model}: differences.csv lacks some of {shown}"
