@@ -18,6 +18,7 @@ accuracy, answer probability) is left out of that recovery's averages: its denom
 
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m              # (b), (c): no model
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching   # and (a), resumable
+    .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --patch-seeds 1   # (a) on seed 1
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --minimal
         # the same on the minimal-head-set study's dense fits (12 SmolLM2 / 6 Gemma 3 tasks, seeds 0-2,
         # their own t), into results/minimal/MODEL/claims/
@@ -212,6 +213,10 @@ def main() -> None:
     ap.add_argument("--patching", action="store_true", help="also run (a), which loads the model")
     ap.add_argument("--figures", default="figures/claims")
     ap.add_argument("--minimal", action="store_true", help="alphas and t of results/minimal/MODEL's dense fits")
+    ap.add_argument(
+        "--patch-seeds", type=lambda v: [int(x) for x in v.split(",")], default=None,
+        help="(a) on these seeds only, e.g. 1 (default: every seed with alphas)",
+    )  # fmt: skip
     args = ap.parse_args()
     results = Path(args.results)
     adapters = None
@@ -267,7 +272,9 @@ def main() -> None:
         lines.append("")
     if args.patching:
         ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]
-        df = patching(args.model, root, args.data, alphas, thetas, ks, adapters)
+        chosen = {t: {s: a for s, a in v.items() if args.patch_seeds is None or s in args.patch_seeds}
+                  for t, v in alphas.items()}  # fmt: skip
+        df = patching(args.model, root, args.data, chosen, thetas, ks, adapters)
         summ = patching_summary(df)
         summ.round(4).to_csv(root / "patching.csv", index=False)
         keep = kept_pairs(df)["recovery_acc"]
