@@ -138,7 +138,9 @@ def task_dependence(
     return pd.DataFrame(rows), nulls
 
 
-def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[int], adapters=None) -> pd.DataFrame:
+def patching(
+    model_name: str, root: Path, data: str, alphas, thetas, ks: list[int], adapters=None, committed_only=False
+) -> pd.DataFrame:
     import site_lens as sl
     from site_lens.analysis.patching import head_patching_sweep
     from site_lens.models import model_identity
@@ -153,6 +155,8 @@ def patching(model_name: str, root: Path, data: str, alphas, thetas, ks: list[in
             path = out / f"{task_name}_seed{seed}.csv"
             old = pd.read_csv(path) if path.is_file() else None
             made = old is not None and set(ks) <= set(old.k) and old.draw.max() + 1 == DRAWS
+            if not made and committed_only:  # a redraw: only the (task, seed) pairs whose files exist
+                continue
             if not made:  # absent, or made with other k or draws
                 model = model or sl.load_model(model_name)
                 task = sl.load_task(task_name, data_dir=data)
@@ -213,6 +217,7 @@ def main() -> None:
     ap.add_argument("--patching", action="store_true", help="also run (a), which loads the model")
     ap.add_argument("--figures", default="figures/claims")
     ap.add_argument("--minimal", action="store_true", help="alphas and t of results/minimal/MODEL's dense fits")
+    ap.add_argument("--committed-only", action="store_true", help="(a) from the patching files there, no model")
     ap.add_argument(
         "--patch-seeds", type=lambda v: [int(x) for x in v.split(",")], default=None,
         help="(a) on these seeds only, e.g. 1 (default: every seed with alphas)",
@@ -274,7 +279,7 @@ def main() -> None:
         ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]
         chosen = {t: {s: a for s, a in v.items() if args.patch_seeds is None or s in args.patch_seeds}
                   for t, v in alphas.items()}  # fmt: skip
-        df = patching(args.model, root, args.data, chosen, thetas, ks, adapters)
+        df = patching(args.model, root, args.data, chosen, thetas, ks, adapters, args.committed_only)
         summ = patching_summary(df)
         summ.round(4).to_csv(root / "patching.csv", index=False)
         keep = kept_pairs(df)["recovery_acc"]
