@@ -280,6 +280,9 @@ def main() -> None:
         chosen = {t: {s: a for s, a in v.items() if args.patch_seeds is None or s in args.patch_seeds}
                   for t, v in alphas.items()}  # fmt: skip
         df = patching(args.model, root, args.data, chosen, thetas, ks, adapters, args.committed_only)
+    if args.patching and df.empty:  # a redraw with no patching files: (a) has not been run for these fits
+        lines += ["(a) patching: no (task, seed) pair has been run yet (head_claims.py --patching runs it).", ""]
+    elif args.patching:
         summ = patching_summary(df)
         summ.round(4).to_csv(root / "patching.csv", index=False)
         keep = kept_pairs(df)["recovery_acc"]

@@ -27,7 +27,9 @@ draw() {  # FOLDER, then the inputs of site-lens figures: drawn into a fresh fol
     for model in smollm2-135m gemma-3-270m; do
       "$PY" benchmarks/head_claims.py --model "$model" --minimal --patching --committed-only --figures "$new" >/dev/null
     done
-    "$PY" benchmarks/head_claims.py --model smollm2-135m --patching --patch-seeds 1 --committed-only --figures "$new" >/dev/null
+    for model in smollm2-135m gemma-3-270m; do
+      "$PY" benchmarks/head_claims.py --model "$model" --patching --patch-seeds 1 --committed-only --figures "$new" >/dev/null
+    done
     echo "wrote $dir"
   else
     "$PY" -m site_lens figures "$@" --out "$new" | grep '^wrote ' | sed "s#$new#$dir#g"
