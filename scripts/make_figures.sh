@@ -26,8 +26,6 @@ draw() {  # FOLDER, then the inputs of site-lens figures: drawn into a fresh fol
     "$PY" benchmarks/seed_table.py --figures "$new" >/dev/null
     for model in smollm2-135m gemma-3-270m; do
       "$PY" benchmarks/head_claims.py --model "$model" --minimal --patching --committed-only --figures "$new" >/dev/null
-    done
-    for model in smollm2-135m gemma-3-270m; do
       "$PY" benchmarks/head_claims.py --model "$model" --patching --patch-seeds 1 --committed-only --figures "$new" >/dev/null
     done
     echo "wrote $dir"
