@@ -19,6 +19,7 @@ accuracy, answer probability) is left out of that recovery's averages: its denom
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m              # (b), (c): no model
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching   # and (a), resumable
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --patch-seeds 1   # (a) on seed 1
+        # (two processes: --patch-tasks with half the tasks each, then --patching --committed-only for the summary)
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --minimal
         # the same on the minimal-head-set study's dense fits (12 SmolLM2 / 6 Gemma 3 tasks, seeds 0-2,
         # their own t), into results/minimal/MODEL/claims/
@@ -222,6 +223,10 @@ def main() -> None:
         "--patch-seeds", type=lambda v: [int(x) for x in v.split(",")], default=None,
         help="(a) on these seeds only, e.g. 1 (default: every seed with alphas)",
     )  # fmt: skip
+    ap.add_argument(
+        "--patch-tasks", type=lambda v: v.split(","), default=None,
+        help="(a) on these tasks only, e.g. to split it between processes (default: every task)",
+    )  # fmt: skip
     args = ap.parse_args()
     results = Path(args.results)
     adapters = None
@@ -277,8 +282,11 @@ def main() -> None:
         lines.append("")
     if args.patching:
         ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]
+        unknown = sorted(set(args.patch_tasks or []) - set(alphas))
+        if unknown:
+            raise SystemExit(f"--patch-tasks: no SITE fits for {', '.join(unknown)}")
         chosen = {t: {s: a for s, a in v.items() if args.patch_seeds is None or s in args.patch_seeds}
-                  for t, v in alphas.items()}  # fmt: skip
+                  for t, v in alphas.items() if args.patch_tasks is None or t in args.patch_tasks}  # fmt: skip
         df = patching(args.model, root, args.data, chosen, thetas, ks, adapters, args.committed_only)
     if args.patching and df.empty:  # a redraw with no patching files: (a) has not been run for these fits
         lines += ["(a) patching: no (task, seed) pair has been run yet (head_claims.py --patching runs it).", ""]
