@@ -19,7 +19,9 @@ accuracy, answer probability) is left out of that recovery's averages: its denom
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m              # (b), (c): no model
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching   # and (a), resumable
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --patch-seeds 1   # (a) on seed 1
-        # (two processes: --patch-tasks with half the tasks each, then --patching --committed-only for the summary)
+    .venv/bin/python benchmarks/head_claims.py --model gemma-3-270m --patching --patch-seeds 1 --patch-tasks A,B,...
+        # (a) on part of the tasks (e.g. half each in two processes): writes patching/TASK_seedS.csv only; then
+        # --patching --patch-seeds 1 --committed-only summarises every task into claims.md and the figures
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --minimal
         # the same on the minimal-head-set study's dense fits (12 SmolLM2 / 6 Gemma 3 tasks, seeds 0-2,
         # their own t), into results/minimal/MODEL/claims/
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 from pathlib import Path
 
@@ -68,7 +71,7 @@ def collect_thetas(root: Path) -> dict[str, torch.Tensor]:
         elif key not in thetas:
             print(f"warning: {row} has no theta and {path.name} none for {key}: left out", flush=True)
     if thetas:
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes started together each write their own
         save_file({k: v.contiguous() for k, v in sorted(thetas.items())}, str(tmp))
         tmp.replace(path)
     return thetas
@@ -224,10 +227,14 @@ def main() -> None:
         help="(a) on these seeds only, e.g. 1 (default: every seed with alphas)",
     )  # fmt: skip
     ap.add_argument(
-        "--patch-tasks", type=lambda v: v.split(","), default=None,
-        help="(a) on these tasks only, e.g. to split it between processes (default: every task)",
+        "--patch-tasks", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=None,
+        help="(a) on these tasks only, to split it between processes: writes their patching files, no summary",
     )  # fmt: skip
     args = ap.parse_args()
+    if (args.patch_tasks or args.patch_seeds) and not args.patching:
+        ap.error("--patch-tasks and --patch-seeds choose what (a) runs on: add --patching")
+    if args.patch_tasks and args.committed_only:
+        ap.error("--patch-tasks runs (a) on some tasks, --committed-only summarises every task: give one of them")
     results = Path(args.results)
     adapters = None
     if args.minimal:  # the sparsify folders' dense SITE fits: three seeds, t included
@@ -241,7 +248,18 @@ def main() -> None:
         thetas = collect_thetas(root)
         fig_stem = args.model
     alphas = by_task(thetas)
+    unknown = sorted(set(args.patch_tasks or []) - set(alphas))
+    if unknown:
+        ap.error(f"--patch-tasks: no SITE fits for {', '.join(unknown)}")
     n_heads = next(iter(thetas.values())).numel()
+    ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]
+    chosen = {t: {s: a for s, a in v.items() if args.patch_seeds is None or s in args.patch_seeds}
+              for t, v in alphas.items() if args.patch_tasks is None or t in args.patch_tasks}  # fmt: skip
+    if args.patch_tasks:  # one process's share of (a): the files only; the summary reads them all afterwards
+        df = patching(args.model, root, args.data, chosen, thetas, ks, adapters)
+        n_pairs = df.groupby(["task", "seed"]).ngroups if len(df) else 0
+        print(f"(a): {n_pairs} (task, seed) pairs in {root / 'patching'}; summarise with --patching --committed-only")
+        return
     k = round(0.1 * n_heads)
     cats = categories(args.model, results)
     source = "the minimal-head-set study's dense SITE fits" if args.minimal else "the seed runs' SITE fits"
@@ -281,12 +299,6 @@ def main() -> None:
             )
         lines.append("")
     if args.patching:
-        ks = [round(f * n_heads) for f in (0.1, 0.25, 0.5)]
-        unknown = sorted(set(args.patch_tasks or []) - set(alphas))
-        if unknown:
-            raise SystemExit(f"--patch-tasks: no SITE fits for {', '.join(unknown)}")
-        chosen = {t: {s: a for s, a in v.items() if args.patch_seeds is None or s in args.patch_seeds}
-                  for t, v in alphas.items() if args.patch_tasks is None or t in args.patch_tasks}  # fmt: skip
         df = patching(args.model, root, args.data, chosen, thetas, ks, adapters, args.committed_only)
     if args.patching and df.empty:  # a redraw with no patching files: (a) has not been run for these fits
         lines += ["(a) patching: no (task, seed) pair has been run yet (head_claims.py --patching runs it).", ""]
