@@ -20,12 +20,14 @@ from torch import Tensor
 
 from ..gate import HookFactory, injection_hooks
 from ..models.engines import Model
+from ..threads import adapt, adaptive_threads
 from ..tokens import check_context, fit_batches, generation_stop_ids, pad_id, pad_right
 from .backend import Backend, Decoder, PackedBackend, PackedDecoder, backend_for, last_logits
 
 Finished = Callable[[int, list[int]], bool]  # (row or prompt index, its tokens so far) -> stop that row
 
 
+@adaptive_threads()
 @torch.inference_mode()
 def generate_greedy(
     model: Model,
@@ -61,6 +63,7 @@ def generate_greedy(
     lengths = [len(p) + max_new_tokens for p in prompts]  # the KV cache grows while decoding
     chosen = backend_for(model, backend) if use_cache else None
     for idx in fit_batches(order, lengths, batch_size, model.cfg.n_heads):
+        adapt()
         batch = [prompts[i] for i in idx]
         settled = None if finished is None else (lambda j, toks, idx=idx: finished(idx[j], toks))
         if chosen is not None and chosen.kv_cache:
@@ -91,6 +94,7 @@ def decode_greedy(
         if bool(done.all()) or step == max_new - 1:
             break
         assert decoder is not None
+        adapt()
         nxt = decoder.step(nxt, done)
     return gen
 

@@ -45,6 +45,7 @@ from ..stages.embeddings import embedding_prompts, task_embedding
 from ..stages.objectives import sequence_loss
 from ..stages.training import first_token_loss, frozen, schedule, train_loop
 from ..tasks import Task, category, zero_shot_prompts
+from ..threads import adaptive_threads
 from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
 
 log = logging.getLogger(__name__)
@@ -225,6 +226,7 @@ def score_method(
     )
 
 
+@adaptive_threads()
 def fit_and_score(model: Model, method: Method, task: Task, seed: int, ctx: TaskContext | None, cfg: EvalConfig) -> Row:
     """Fit ``method`` on ``task`` (train, valid) with ``seed``, then score it on test: one row."""
     t0 = time.perf_counter()

@@ -24,6 +24,7 @@ from ..config import EmbeddingConfig
 from ..gate import z_names
 from ..models.engines import Model
 from ..tasks import Task, check_enough, sample_icl_prompts
+from ..threads import adapt, adaptive_threads
 from ..tokens import check_context, encode, fit_batches, pad_id, pad_right
 
 
@@ -39,6 +40,7 @@ def capture_last_hook(
     store[key] = z[rows, last].detach()  # (batch, head, d_head)
 
 
+@adaptive_threads()
 @torch.inference_mode()
 def last_token_z(
     model: Model, token_lists: Sequence[Sequence[int]], batch_size: int = 10
@@ -49,6 +51,7 @@ def last_token_z(
     order = sorted(range(len(token_lists)), key=lambda i: len(token_lists[i]))  # less padding
     out = torch.empty(len(token_lists), model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     for idx in fit_batches(order, [len(t) for t in token_lists], batch_size, model.cfg.n_heads):
+        adapt()
         tokens, _, last = pad_right([token_lists[i] for i in idx], pad_id(model), model.cfg.device)
         store: dict[str, Tensor] = {}
         hooks = [(n, partial(capture_last_hook, store=store, last=last, key=n)) for n in names]

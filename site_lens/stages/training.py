@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..engine.backend import last_logits
 from ..gate import HookFactory, Hooks
 from ..models.engines import Model
+from ..threads import adapt, adaptive_threads
 from ..tokens import GRAD_CELLS, Example, fit_batches, pad_id, pad_right
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def frozen(model: Model) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+@adaptive_threads()
 def train_loop(
     params: Sequence[nn.Parameter],
     plan: Sequence[Sequence[int]],
@@ -105,6 +107,7 @@ def train_loop(
                 p.copy_(v)
 
     for step, batch in enumerate(plan, start=1):
+        adapt()
         opt.zero_grad(set_to_none=True)
         loss = step_loss(batch)
         if not torch.isfinite(loss):
@@ -138,7 +141,6 @@ def train_loop(
     return hist
 
 
-
 def first_token_loss(
     model: Model,
     examples: Sequence[Example],
@@ -158,6 +160,7 @@ def first_token_loss(
     lengths = [len(e.tokens) for e in examples]
     total = torch.zeros((), device=model.cfg.device)
     for idx in fit_batches(range(len(examples)), lengths, batch_size, model.cfg.n_heads, cells):
+        adapt()
         chunk = [examples[i] for i in idx]
         tokens, mask, last = pad_right([e.tokens for e in chunk], pad_id(model), model.cfg.device)
         with model.hooks(fwd_hooks=list(hooks)):
