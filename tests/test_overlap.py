@@ -207,3 +207,44 @@ def test_seed_stability_of_equal_and_of_independent_alphas():
     assert sum(r["jaccard"] for r in indep) / 200 == pytest.approx(expected_jaccard(270, 27), abs=0.01)
     with pytest.raises(ValueError, match="two or more"):
         seed_stability([a], k=3)
+
+
+def _families_matrix(category_effect: float, seed: int = 0):
+    """20 tasks in two categories of five two-task families: family pairs share 0.6, category pairs
+    ``0.1 + category_effect``, the rest 0.1, plus a little symmetric noise."""
+    import numpy as np
+    import pandas as pd
+
+    names = [f"t{i}" for i in range(20)]
+    cats = {n: "a" if i < 10 else "b" for i, n in enumerate(names)}
+    fams = {n: f"f{i // 2}" for i, n in enumerate(names)}
+    noise = np.random.default_rng(seed).normal(0, 0.02, (20, 20))
+    m = np.array([[0.6 if fams[x] == fams[y] else 0.1 + (category_effect if cats[x] == cats[y] else 0.0)
+                   for y in names] for x in names]) + (noise + noise.T) / 2  # fmt: skip
+    return pd.DataFrame(m, names, names), cats, fams
+
+
+def test_family_aware_test_does_not_call_a_family_effect_a_category_effect():
+    from site_lens.analysis.overlap import category_permutation_test, format_p
+
+    m, cats, fams = _families_matrix(category_effect=0.0)
+    naive = category_permutation_test(m, cats, n_perm=2000)
+    aware = category_permutation_test(m, cats, n_perm=2000, blocks=fams)
+    assert naive["p_value"] < 0.01  # family pairs always sit within a category: a task-level shuffle is fooled
+    assert aware["p_value"] > 0.05 and aware["p_excl"] > 0.05  # whole families shuffled: no category effect
+    assert abs(aware["gap_excl"]) < 0.02 and aware["pairs_excl"] == 190 - 10
+    assert aware["gap"] == naive["gap"] and (aware["p_floor"], aware["sided"]) == (1 / 2001, "greater")
+    assert format_p(1 / 2001, 2000) == "<= 1/2,001" and format_p(0.01234, 2000) == "0.0123"
+
+
+def test_family_aware_test_finds_a_real_category_effect_and_refuses_split_families():
+    from site_lens.analysis.overlap import category_permutation_test
+
+    m, cats, fams = _families_matrix(category_effect=0.1)
+    aware = category_permutation_test(m, cats, n_perm=2000, blocks=fams)
+    assert aware["p_value"] < 0.01 and aware["p_excl"] < 0.01
+    assert aware["gap_excl"] == pytest.approx(0.1, abs=0.02)
+    split = {**fams, "t0": "f1"}  # t0 (category a) joins t2, t3's family... still a; t10 joining makes one span
+    category_permutation_test(m, cats, n_perm=10, blocks=split)
+    with pytest.raises(ValueError, match="spans two groups"):
+        category_permutation_test(m, cats, n_perm=10, blocks={**fams, "t10": "f0"})

@@ -7,6 +7,7 @@ Given several tasks' alphas (name -> (layer, head) tensor):
     cluster_order(matrix)                              average-linkage leaf order (numpy)
     category_summary(matrix, categories)               mean within vs across categories
     category_permutation_test(matrix, categories)      ... and whether the gap beats shuffled categories
+                                                       (blocks=families: whole families shuffled)
     seed_stability(alphas_of_one_task_by_seed, k)      rank correlation and top-k overlap across seeds
     expected_jaccard(n, k)                             the overlap two random k-sets have by chance
     transfer_matrix(model, tasks, adapters)            task B's t with task A's alpha
@@ -134,20 +135,46 @@ def category_permutation_test(
     n_perm: int = 10_000,
     seed: int = 0,
     strata: Mapping[str, str] | None = None,
-) -> dict[str, float | int]:
-    """``category_summary`` and a permutation test of within minus across (categories shuffled over tasks).
+    blocks: Mapping[str, str] | None = None,
+) -> dict[str, float | int | str]:
+    """``category_summary`` and a one-sided permutation test of within minus across.
 
-    ``p_value`` is the share of shuffles whose within minus across is at least the observed one
-    (one-sided: are heads shared more within a category?), counting the observed labelling.
-    ``strata`` (task -> coarser group) shuffles only within each coarser group: a test of finer
-    groups (task families) beyond what the coarser ones (categories) already share.
+    ``p_value`` is the share of labellings, the observed one counted with the ``n_perm`` shuffles,
+    whose within minus across is at least the observed one (one-sided, ``sided`` "greater": are
+    heads shared more within a group?); it cannot fall below ``p_floor`` = 1 / (n_perm + 1).
+    ``blocks`` (task -> family) shuffles the labels over whole families: a family's tasks keep one
+    label together, as they do in the data, so pairs inside a family, always "within", cannot make
+    a group look shared. Beside the gap the result then gives ``gap_excl`` (pairs inside a family
+    left out of within and across) and ``p_excl`` from the same shuffles. ``strata`` (task ->
+    coarser group) shuffles only within each coarser group: a test of finer groups (task
+    families) beyond what the coarser ones (categories) already share.
     """
-    observed, null = permutation_null(matrix, categories, n_perm, seed, strata)
-    if np.isnan(observed):  # no pair within a category, or none across: nothing to test
-        p = mean = float("nan")
-    else:
-        p, mean = (1 + int((null >= observed - 1e-12).sum())) / (n_perm + 1), float(null.mean())
-    return {**category_summary(matrix, categories), "gap": observed, "p_value": p, "null_mean": mean}
+    observed, null, excl = _permutation(matrix, categories, n_perm, seed, strata, blocks)
+    out: dict[str, float | int | str] = {**category_summary(matrix, categories), "gap": observed}
+    out.update(_p(observed, null, n_perm))
+    if blocks is not None:
+        ex_obs, ex_null, n_pairs = excl
+        out.update({"gap_excl": ex_obs, "pairs_excl": n_pairs, "p_excl": _p(ex_obs, ex_null, n_perm)["p_value"]})
+    return out
+
+
+def _p(observed: float, null: np.ndarray, n_perm: int) -> dict[str, float | int | str]:
+    """One-sided permutation p (the observed labelling counted), its floor and the null's mean."""
+    if np.isnan(observed) or not len(null):  # no pair within a group, or none across: nothing to test
+        return {"p_value": float("nan"), "null_mean": float("nan"), "p_floor": 1 / (n_perm + 1),
+                "n_perm": n_perm, "sided": "greater"}  # fmt: skip
+    p = (1 + int((null >= observed - 1e-12).sum())) / (n_perm + 1)
+    return {"p_value": p, "null_mean": float(null.mean()), "p_floor": 1 / (n_perm + 1), "n_perm": n_perm,
+            "sided": "greater"}  # fmt: skip
+
+
+def format_p(p: float, n_perm: int) -> str:
+    """A permutation p for a table: '<= 1/10,001' at its floor (no shuffle reached the observed gap)."""
+    if np.isnan(p):
+        return "-"
+    if p <= 1 / (n_perm + 1) + 1e-15:
+        return f"<= 1/{n_perm + 1:,}"
+    return f"{p:.4f}"
 
 
 def permutation_null(
@@ -156,36 +183,58 @@ def permutation_null(
     n_perm: int = 10_000,
     seed: int = 0,
     strata: Mapping[str, str] | None = None,
+    blocks: Mapping[str, str] | None = None,
 ) -> tuple[float, np.ndarray]:
-    """The observed within-minus-across gap and its ``n_perm`` gaps with categories shuffled over tasks
-    (within each of ``strata``'s groups when given; a task missing from ``strata`` is a group alone).
+    """The observed within-minus-across gap and its ``n_perm`` gaps with the labels shuffled: over tasks,
+    over whole ``blocks`` (families) when given, within each of ``strata``'s groups when given (a task
+    missing from ``strata`` or ``blocks`` is a group alone). The shuffles ``category_permutation_test`` uses.
 
     The gap is NaN (and the null empty) when no pair lies within a category or none across.
     """
+    observed, null, _ = _permutation(matrix, categories, n_perm, seed, strata, blocks)
+    return observed, null
+
+
+def _permutation(matrix, categories, n_perm, seed, strata, blocks):
+    """(observed gap, null gaps, (gap without same-block pairs, its null, pairs it keeps))."""
     names = [n for n in matrix.index if n in categories]
     m = matrix.loc[names, names].to_numpy(dtype=float)
     labels = np.array([categories[n] for n in names])
     upper = np.triu_indices(len(names), 1)
     values = m[upper]
+    unit_of = [blocks.get(n, f"\0{n}") for n in names] if blocks is not None else names
+    units = list(dict.fromkeys(unit_of))  # the things shuffled: families, or tasks
+    index = np.array([units.index(u) for u in unit_of])
+    unit_label = {}
+    for n, u, lab in zip(names, unit_of, labels):
+        if unit_label.setdefault(u, lab) != lab:
+            raise ValueError(f"family '{u}' spans two groups ('{unit_label[u]}' and '{lab}', at '{n}'): "
+                             "blocks must lie inside one group")  # fmt: skip
+    unit_labels = np.array([unit_label[u] for u in units])
+    inside = (index[:, None] == index[None, :])[upper]  # pairs within one block (always within a group)
 
-    def gap(lab: np.ndarray) -> float:
+    def gaps(lab: np.ndarray) -> tuple[float, float]:
         same = (lab[:, None] == lab[None, :])[upper]
-        return float(values[same].mean() - values[~same].mean()) if same.any() and (~same).any() else float("nan")
+        full = values[same].mean() - values[~same].mean() if same.any() and (~same).any() else np.nan
+        keep_w, keep_a = same & ~inside, ~same & ~inside
+        ex = values[keep_w].mean() - values[keep_a].mean() if keep_w.any() and keep_a.any() else np.nan
+        return float(full), float(ex)
 
-    observed = gap(labels)
+    observed, ex_observed = gaps(labels)
     if np.isnan(observed):
-        return observed, np.empty(0)
+        return observed, np.empty(0), (ex_observed, np.empty(0), int((~inside).sum()))
     rng = np.random.default_rng(seed)
-    keys = [strata.get(n, f"\0{n}") for n in names] if strata is not None else [""] * len(names)
-    groups = [np.flatnonzero(np.array(keys) == key) for key in dict.fromkeys(keys)]  # shuffled within each
-
-    def shuffled() -> np.ndarray:
-        lab = labels.copy()
+    keys = [(strata or {}).get(names[int(np.flatnonzero(index == i)[0])], f"\0{u}") if strata is not None else ""
+            for i, u in enumerate(units)]  # fmt: skip
+    groups = [np.flatnonzero(np.array(keys, dtype=object) == key) for key in dict.fromkeys(keys)]
+    null = np.empty(n_perm)
+    ex_null = np.empty(n_perm)
+    for i in range(n_perm):
+        lab = unit_labels.copy()
         for ix in groups:
-            lab[ix] = rng.permutation(labels[ix])
-        return lab
-
-    return observed, np.array([gap(shuffled()) for _ in range(n_perm)])
+            lab[ix] = rng.permutation(unit_labels[ix])
+        null[i], ex_null[i] = gaps(lab[index])
+    return observed, null, (ex_observed, ex_null, int((~inside).sum()))
 
 
 def expected_jaccard(n: int, k: int) -> float:
