@@ -9,8 +9,10 @@
 methods are compared on the same tasks; a paired difference over the tasks both of its methods
 finished. A method's estimate is the mean over tasks of the
 task's mean over its seeds; the interval is ``stats.bootstrap_interval``'s (tasks resampled,
-each with its seeds). A difference pairs the two methods' rows of the same (task, seed):
-with the same seed both drew the same stage-1 prompts, demonstrations and training order.
+each with its seeds). A difference is paired by task: per task, the mean over the seeds both
+methods ran of their rows' difference. Rows with one seed number share no random draw across
+methods (ICL draws its demonstrations from ``Random(seed + 1)``, SITE its stage-1 prompts and
+training order from ``Random(seed)``), so the seeds are repeats, not matched pairs.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def paired_differences(
     metrics: Sequence[str] = tuple(METRICS),
     n_boot: int = 10_000,
 ) -> pd.DataFrame:
-    """``method`` minus each other, over the (task, seed) pairs both ran: mean, interval, tasks won and lost."""
+    """``method`` minus each other, over the (task, seed) rows both ran, paired by task: mean, interval, tasks won and lost."""
     out = []
     for other in others:
         tasks = common_tasks(rows, [method, other])
