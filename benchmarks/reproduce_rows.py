@@ -106,7 +106,8 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
         "# Committed benchmark rows recomputed with today's code",
         "",
         (
-            f"`{' '.join(['benchmarks/reproduce_rows.py', *sys.argv[1:]])}` (OMP_NUM_THREADS=1), "
+            f"`{' '.join(['benchmarks/reproduce_rows.py', *sys.argv[1:]]).replace(str(args.data), 'DATA')}` "
+            "(OMP_NUM_THREADS=1; DATA: the 45 FV task folders, as `site-lens data fv` writes them), "
             f"{len(results)} rows drawn with draw seed {args.draw_seed}; {time.strftime('%Y-%m-%d')}."
         ),
         (

@@ -5,6 +5,9 @@ Stages, by folder (engine/, stages/, methods/, analysis/, experiments/, cli/):
   stages.selection.AlphaTrainer           stage 2: alpha = sigmoid(theta) (gate.AlphaGate), trained on zero-shot prompts
   engine.generate.generate_greedy         stage 3: inject once at prefill (gate.injection_hooks), greedy with KV cache
   methods.fit_site                        stages 1 and 2 on a task; every scored method behind one interface
+Atlases:
+  atlas.load_atlas, assemble_atlas        every task's head map of a model: a folder or a Hub id; built from bench folders
+  atlas.compare_atlases                   do the tasks that share heads in one model share them in another (Mantel)
 Head sets:
   analysis.sparse.fit_sparse, sparse_path sparse SITE: an L0 (hard-concrete) or L1 price on every open head
   analysis.minimal.score_head_sets        t written into given head sets, scored (exact match, answer probability)
@@ -18,6 +21,7 @@ from .analysis.attribution import attribution_scores
 from .analysis.minimal import HeadSet, score_head_sets
 from .analysis.multitask import fit_shared
 from .analysis.sparse import fit_sparse, sparse_path
+from .atlas import Atlas, AtlasError, assemble_atlas, compare_atlases, load_atlas
 from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
 from .engine.generate import generate_greedy
 from .experiments.run import evaluate, predict, predict_with_logits, run_task
@@ -35,6 +39,8 @@ __all__ = [
     "Adapter",
     "AlphaGate",
     "AlphaTrainer",
+    "Atlas",
+    "AtlasError",
     "EmbeddingConfig",
     "EvalConfig",
     "HeadSet",
@@ -44,10 +50,12 @@ __all__ = [
     "SparsityConfig",
     "Task",
     "__version__",
+    "assemble_atlas",
     "attribution_scores",
     "build_prompt",
     "build_task_embedding",
     "builtin_tasks",
+    "compare_atlases",
     "evaluate",
     "exact_match",
     "fit_shared",
@@ -58,6 +66,7 @@ __all__ = [
     "generate_greedy",
     "injection_hooks",
     "load_adapter",
+    "load_atlas",
     "load_model",
     "load_task",
     "minimal_sets",

@@ -122,8 +122,8 @@ def _slow(code: str) -> bool:
     [pytest.param(c, id=i, marks=[pytest.mark.slow] if _slow(c) else []) for i, c in PY if c not in SHOWN],
 )
 def test_python_blocks_run(code, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
     first = code.splitlines()[0]
+    monkeypatch.chdir(ROOT if "from the repository root" in first else tmp_path)  # else: a scratch folder
     if "needs the Hugging Face hub" in first or "needs a data folder" in first:
         compile(code, "<doc>", "exec")
         return

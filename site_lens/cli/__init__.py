@@ -18,6 +18,7 @@ from .._version import __version__
 from ..config import K_GRID, SPARSE_WEIGHTS
 from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
 from .args import comma_list, float_list, int_list, positive_int_or_all, seed_list
+from .atlas import add_atlas_parsers
 from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
 from .data import add_data_parsers
 
@@ -31,13 +32,14 @@ DEMO_TASKS = "uppercase,next-number"  # generated built-in tasks with 101 test i
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from ..adapter import AdapterError
+    from ..atlas import AtlasError
     from ..config import ConfigError
     from ..models import ModelError
     from ..sources import SourceError
     from ..tasks import TaskError
     from ..tokens import PromptTooLongError
 
-    return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError, SourceError)
+    return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError, SourceError, AtlasError)
 
 
 # ---------------------------------------------------------------- the parser
@@ -62,6 +64,11 @@ EXAMPLES = {
   site-lens bench --tasks uppercase --methods zero_shot,site --limit 20   # writes runs/bench/smollm2-135m
   site-lens bench --data data/fv --tasks antonym,capitalize --methods zero_shot,icl,site --seeds 0,1,2
   site-lens bench --data data/fv --shard 0/4 --out runs/bench/shard0    # then: site-lens bench-merge ...""",
+    "atlas": """examples:
+  site-lens atlas build --model smollm2-135m --data data/fv --from results/smollm2-135m,results/seeds/smollm2-135m \\
+      --out atlases/smollm2-135m
+  site-lens atlas show atlases/smollm2-135m --task antonym
+  site-lens atlas compare atlases/smollm2-135m atlases/gemma-3-270m""",
     "bench-merge": """examples:
   site-lens bench-merge runs/bench/shard0 runs/bench/shard1 --out runs/bench/smollm2-135m""",
     "analyse": """examples:
@@ -313,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bigbench sdist, or a hub dataset",
     )
     add_data_parsers(p, verbose)
+
+    p = add("atlas", None, "head atlases: every task's SITE head map of a model, built once, shown, compared, shared")
+    add_atlas_parsers(p, verbose)
 
     p = add("figures", cmd_figures, "draw figures (HTML + PNG) and tables from run and bench folders; loads no model")
     p.add_argument(

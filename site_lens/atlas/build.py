@@ -1,0 +1,185 @@
+"""Making an atlas: from finished ``site-lens bench`` folders, nothing trained again.
+
+    atlas = assemble_atlas(model, ["results/smollm2-135m", "results/seeds/smollm2-135m"], data_dir="data/fv")
+    atlas.save("atlases/smollm2-135m")
+
+A bench folder holds each SITE row's theta (the rows' ``info``, or ``theta.safetensors`` "TASK/seedS"
+where the row files are not kept) and the scores in rows.csv; t is not kept there, so it is
+recomputed: stage 1 with the row's seed and the folder's recorded embedding settings, the same
+prompts the fit used. ``fit_atlas`` fits what is missing first, through ``site-lens bench`` (its
+rows, locks, shards and resumption), then assembles.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..config import SiteConfig
+from ..models.engines import Model
+from ..tasks import Task, category, load_task
+from .store import SCHEMA_VERSION, Atlas, AtlasError, key
+
+log = logging.getLogger(__name__)
+
+SCORED = ("zero_shot", "icl", "site")  # the methods whose rows an atlas keeps beside its maps
+FV_SOURCE = 'Function Vectors (Todd et al. 2024), with the splits of the SITE release (Park et al. 2026)'
+FV_LICENCE = "MIT (the task data, Todd et al. 2024) and Apache-2.0 (the splits, SITE release)"
+
+
+def family(task: str) -> str:
+    """A task's family: its name less a trailing list length (animal_v_object_3 and _5 are one family)."""
+    return re.sub(r"_\d+$", "", task)
+
+
+def task_record(task: Task) -> dict[str, str]:
+    """What the manifest records of a task: category, family, source and licence."""
+    from ..sources.fv_release import RELEASE
+
+    meta = task.meta or {}
+    is_fv = task.name in RELEASE and (len(task.train), len(task.valid), len(task.test)) == RELEASE[task.name][:3]
+    return {
+        "category": category(task),
+        "family": family(task.name),
+        "source": str(meta.get("task_data") or (FV_SOURCE if is_fv else task.source)),
+        "licence": str(meta.get("licence") or (FV_LICENCE if is_fv else "")),
+    }
+
+
+def read_rows(folder: Path) -> list[dict[str, Any]]:
+    """A bench folder's rows (rows.csv), scores as numbers."""
+    path = Path(folder) / "rows.csv"
+    if not path.is_file():
+        raise AtlasError(f"{path}: no rows.csv (not a finished bench folder)")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["seed"] = int(r["seed"])
+    return rows
+
+
+def read_thetas(folder: Path) -> dict[str, torch.Tensor]:
+    """Each SITE row's theta, "TASK/seedS": from theta.safetensors, then the row files' info (which win)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    path = folder / "theta.safetensors"
+    thetas = dict(load_file(str(path))) if path.is_file() else {}
+    for row in sorted(folder.glob("rows/*/seed*/site.json")):
+        r = json.loads(row.read_text())
+        info = r.get("info") or {}
+        info = info if isinstance(info, dict) else ast.literal_eval(info)
+        if "theta" in info:
+            thetas[key(r["task"], int(r["seed"]))] = torch.tensor(info["theta"], dtype=torch.float32)
+    return thetas
+
+
+def _config(folder: Path) -> SiteConfig:
+    spec = json.loads((Path(folder) / "bench.json").read_text())
+    return SiteConfig.from_dict(spec["config"]) if "config" in spec else SiteConfig()
+
+
+def assemble_atlas(
+    model: Model,
+    folders: Sequence[str | Path],
+    data_dir: str | Path | None = None,
+    tasks: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    command: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Atlas:
+    """An atlas from finished bench folders: every (task, seed) with a SITE theta, t recomputed by stage 1.
+
+    A later folder's row or theta replaces an earlier one's. Each folder's bench.json must name
+    this model; every folder must record the same embedding settings (t depends on them).
+    """
+    from ..models import model_identity
+    from ..stages.embeddings import task_embedding
+
+    ident = model_identity(model)
+    rows: dict[tuple, dict[str, Any]] = {}
+    thetas: dict[str, torch.Tensor] = {}
+    cfg = None
+    for folder in map(Path, folders):
+        spec = json.loads((folder / "bench.json").read_text()) if (folder / "bench.json").is_file() else {}
+        if spec.get("model") != ident["name"]:
+            raise AtlasError(f"{folder}: bench rows of model '{spec.get('model')}', not '{ident['name']}'")
+        here = _config(folder)
+        if cfg is not None and here.embedding != cfg.embedding:
+            raise AtlasError(f"{folder}: its embedding settings differ from the other folders' (t depends on them)")
+        cfg = here
+        for r in read_rows(folder):
+            rows[(r["task"], r["method"], r["seed"])] = r
+        thetas.update(read_thetas(folder))
+    if cfg is None:
+        raise AtlasError("assemble_atlas needs at least one bench folder")
+    pairs = sorted({(k.split("/seed")[0], int(k.split("/seed")[1])) for k in thetas})
+    pairs = [(t, s) for t, s in pairs if (tasks is None or t in tasks) and (seeds is None or s in seeds)]
+    if not pairs:
+        raise AtlasError("no SITE theta for the tasks and seeds asked for in these folders")
+    heads, t_store, records = [], {}, {}
+    n_l, n_h = model.cfg.n_layers, model.cfg.n_heads
+    t0 = time.perf_counter()
+    for i, (name, seed) in enumerate(pairs, 1):
+        task = load_task(name, data_dir=data_dir)
+        records[name] = task_record(task)
+        theta = thetas[key(name, seed)].float().reshape(n_l, n_h)
+        t_store[key(name, seed)] = task_embedding(model, task, cfg.embedding, seed).float()
+        heads.append(_head_rows(name, seed, theta))
+        if progress is not None:
+            progress(f"[{i}/{len(pairs)}] {name} seed {seed}: t recomputed ({time.perf_counter() - t0:.0f} s so far)")
+    scores = [
+        {"task": t, "seed": s, "method": m, **{c: float(r[c]) for c in ("first_token_acc", "exact_match", "strict_match")},
+         "n_test": int(r["n_test"])}
+        for (t, m, s), r in sorted(rows.items()) if m in SCORED and t in records
+    ]  # fmt: skip
+    manifest = _manifest(model, ident, cfg, records, sorted({s for _, s in pairs}), command)
+    return Atlas(manifest=manifest, heads=pd.concat(heads, ignore_index=True), scores=pd.DataFrame(scores), t=t_store)
+
+
+def _head_rows(task: str, seed: int, theta: torch.Tensor) -> pd.DataFrame:
+    """One (task, seed) map as tidy rows: theta, alpha and alpha's rank (1 = highest; ties by position)."""
+    n_l, n_h = theta.shape
+    alpha = torch.sigmoid(theta).flatten()
+    order = torch.argsort(-alpha, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(1, len(order) + 1)
+    return pd.DataFrame({
+        "task": task, "seed": seed,
+        "layer": torch.arange(n_l).repeat_interleave(n_h).numpy(), "head": torch.arange(n_h).repeat(n_l).numpy(),
+        "theta": theta.flatten().numpy(), "alpha": alpha.numpy(), "alpha_rank": rank.numpy(),
+    })  # fmt: skip
+
+
+def _manifest(model, ident, cfg: SiteConfig, records, seeds, command) -> dict[str, Any]:
+    import transformer_lens
+
+    from .._version import __version__
+    from .card import base_model
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "site-lens head atlas",
+        "model": ident,
+        "base_model": base_model(ident),
+        "versions": {
+            "site_lens": __version__,
+            "transformer_lens": getattr(transformer_lens, "__version__", "?"),
+            "torch": torch.__version__,
+        },
+        "config": cfg.to_dict(),
+        "tasks": dict(sorted(records.items())),
+        "seeds": seeds,
+        "command": command or " ".join(["site-lens", *sys.argv[1:]]),
+    }
