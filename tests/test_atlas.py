@@ -190,9 +190,11 @@ def test_the_page_works_in_a_real_headless_browser(made, tmp_path):
 
     path = made["atlas"].write_page(tmp_path / "atlas.html")
     done = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom",
-         f"file://{path}#selftest"], capture_output=True, text=True, timeout=120, check=False,
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--virtual-time-budget=5000",
+         "--dump-dom", f"file://{path}#selftest"], capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console  # the page logs nothing: no error, no warning
     found = re.search(r'data-selftest="([^"]*)"', done.stdout)
     assert found, f"the page's self-test did not run: {done.stderr[-500:]}"
     import html

@@ -165,16 +165,16 @@ function drawTask() {
   const methods = Object.keys(D.prefix[t] || {}).sort();
   $("scores").innerHTML = "<h2>scores (mean over the seeds shown, %)</h2><table><tr><th>method</th><th>prefix match</th><th>strict match</th></tr>" +
     methods.map(m => `<tr><td>${m}</td><td>${mean(m, "prefix")}</td><td>${mean(m, "strict")}</td></tr>`).join("") + "</table>";
-  const near = D.tasks.filter(u => u !== t).map(u => [u, jaccard(top(row(t)), top(row(u)))]).filter(x => x[1] !== null)
+  const near = D.tasks.filter(u => u !== t).map(u => [u, jaccard(topSet(row(t)), topSet(row(u)))]).filter(x => x[1] !== null)
     .sort((a, b) => b[1] - a[1]).slice(0, 8);
   $("nearest").innerHTML = `<h2>nearest tasks (top-${D.k} Jaccard)</h2><table>` + near.map(([u, j]) => `<tr><td>${u}</td><td>${j.toFixed(2)}</td></tr>`).join("") + "</table>";
 }
-function top(r) { if (!r) return null; return new Set(r.map((x, i) => [x, i]).sort((a, b) => b[0] - a[0] || a[1] - b[1]).slice(0, D.k).map(p => p[1])); }
+function topSet(r) { if (!r) return null; return new Set(r.map((x, i) => [x, i]).sort((a, b) => b[0] - a[0] || a[1] - b[1]).slice(0, D.k).map(p => p[1])); }
 function jaccard(a, b) { if (!a || !b) return null; let n = 0; a.forEach(x => { if (b.has(x)) n++; }); return n / (a.size + b.size - n); }
 function drawHead() {
   const h = state.head, name = `L${Math.floor(h / H)}H${h % H}`;
   $("head-title").textContent = `tasks with ${name} in their top ${D.k} heads (${state.seed === "mean" ? "mean over seeds" : "seed " + state.seed})`;
-  const hits = D.tasks.map(t => [t, row(t), top(row(t))]).filter(x => x[2] && x[2].has(h)).map(x => [x[0], x[1][h]]).sort((a, b) => b[1] - a[1]);
+  const hits = D.tasks.map(t => [t, row(t), topSet(row(t))]).filter(x => x[2] && x[2].has(h)).map(x => [x[0], x[1][h]]).sort((a, b) => b[1] - a[1]);
   $("headtasks").innerHTML = hits.length ? "<table><tr><th>task</th><th>category</th><th>" + state.value + "</th></tr>" +
     hits.map(([t, v]) => `<tr><td>${t}</td><td>${D.categories[t]}</td><td>${v.toFixed(3)}</td></tr>`).join("") + "</table>" : "<p>no task</p>";
 }
