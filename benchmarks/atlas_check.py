@@ -35,7 +35,9 @@ def main() -> int:
 
     atlas = sl.load_atlas(args.atlas)
     pairs = sorted({(r.task, int(r.seed)) for r in atlas.scores.itertuples() if r.method == "site"})
-    pairs = [p for p in pairs if (atlas.heads.task == p[0]).any() and p[1] in atlas.seeds]
+    pairs = [p for p in pairs if ((atlas.heads.task == p[0]) & (atlas.heads.seed == p[1])).any()]
+    if not 1 <= args.n <= len(pairs):
+        ap.error(f"--n must be between 1 and the {len(pairs)} (task, seed) pairs with a map and a SITE score")
     picked = random.Random(args.draw_seed).sample(pairs, args.n)
     model = sl.load_model(atlas.model["name"])
     atlas.check_model(model_identity(model))

@@ -78,7 +78,7 @@ def worker(args: argparse.Namespace) -> dict:
     from site_lens.stages.embeddings import embedding_prompts
     from site_lens.stages.selection import AlphaTrainer
     from site_lens.tasks import zero_shot_prompts
-    from site_lens.threads import adapt
+    from site_lens.threads import adapt, adaptive_threads
     from site_lens.tokens import make_examples
 
     model = sl.load_model("smollm2-135m")
@@ -114,7 +114,7 @@ def worker(args: argparse.Namespace) -> dict:
             step(0, "packed")
 
     threads = {c: [] for c in conds}
-    with busy_processes(args.busy) as switch:
+    with busy_processes(args.busy) as switch, adaptive_threads():  # the block train_loop runs its steps in
         for c in conds:  # warm-up in both conditions
             settle(c == "busy")
             for h in hows:

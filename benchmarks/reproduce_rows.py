@@ -51,7 +51,8 @@ def draw(rows: list[dict], n: int, seed: int) -> list[dict]:
     rng.shuffle(order)
     picked: list[dict] = []
     seen: set[tuple] = set()
-    while len(picked) < n and len(seen) < len(rows):
+    distinct = len({(r["model"], r["task"], r["method"], r["seed"]) for r in rows})
+    while len(picked) < min(n, distinct):
         for key in order:
             if len(picked) == n:
                 break

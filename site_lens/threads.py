@@ -2,9 +2,9 @@
 
 torch's OpenMP threads wait for each other at every parallel region (hundreds per training
 step). When another process holds one of the cores, a thread of ours is descheduled and its
-partner spins at each region until it returns: a step beside one busy process ran 4-18x slower
-than idle, where a fair share of the cores would cost about 2x. One thread per *free* core
-avoids it. ``adapt()`` is called at step boundaries of site-lens's long loops (training
+partner spins at each region until it returns: a step beside one busy process ran 3.3x slower
+than idle (BENCHMARKS.md), where a fair share of the cores costs at most 2x. One thread per
+*free* core avoids it. ``adapt()`` is called at step boundaries of site-lens's long loops (training
 steps, stage-1 and generation batches, decode steps); at most every ``INTERVAL`` seconds it
 reads how much of this process's cores (its affinity) other processes used since the last
 look (``/proc/stat`` less this process's own CPU time; processes with a positive nice value
@@ -12,9 +12,9 @@ are not counted, since they yield to us) and sets ``torch.set_num_threads`` to t
 rounded, between 1 and the count the process started with (``OMP_NUM_THREADS``, or a
 ``torch.set_num_threads`` of the user's, which is noticed and becomes the new ceiling).
 
-Off with ``SITE_LENS_ADAPTIVE_THREADS=0`` (torch's count is then never touched), and where
-``/proc/stat`` does not exist (not Linux). ``adaptive_threads()`` wraps a long call and puts
-the user's count back when it ends.
+Off with ``SITE_LENS_ADAPTIVE_THREADS=0`` (read at each look; torch's count is then never
+touched), and where ``/proc/stat`` does not exist (not Linux). ``adapt()`` acts only inside an
+``adaptive_threads()`` block, which wraps a long call and puts the user's count back when it ends.
 
     with adaptive_threads():       # fit_site, bench rows, evaluate: already wrapped
         for step in ...:
@@ -65,7 +65,7 @@ class Governor:
     """Keeps torch's thread count at the free cores; see the module docstring."""
 
     def __init__(self) -> None:
-        self.enabled = os.environ.get(ENV_SWITCH, "1") != "0" and PROC_STAT.exists()
+        self.enabled = PROC_STAT.exists()  # and the environment switch, read at each look
         try:
             self.cpus = set(os.sched_getaffinity(0))
         except (AttributeError, OSError):
@@ -84,14 +84,14 @@ class Governor:
         return time.monotonic(), busy, own
 
     def adapt(self) -> None:
-        if not self.enabled:
-            return
+        if not self.enabled or self.depth == 0 or os.environ.get(ENV_SWITCH, "1") == "0":
+            return  # off, or outside an adaptive_threads() block (nothing would give the count back)
         now = time.monotonic()
         if self.last is not None and now - self.last[0] < INTERVAL:
             return
         try:
             sample = self._sample()
-        except (OSError, ValueError) as e:  # an unreadable /proc/stat: stop looking
+        except (OSError, ValueError, IndexError) as e:  # an unreadable /proc/stat: stop looking
             log.debug("adaptive threads off: %s", e)
             self.enabled = False
             return

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the thread count fixed, so exact comparisons within a test never straddle two counts (test_threads.py turns it on)
+os.environ.setdefault("SITE_LENS_ADAPTIVE_THREADS", "0")
 sys.path.insert(0, str(Path(__file__).parent))
 
 FV_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "fv"

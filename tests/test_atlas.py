@@ -185,10 +185,21 @@ def chromium() -> str | None:
 
 @pytest.mark.skipif(chromium() is None, reason="no Chromium here (make chromium, or BROWSER_PATH): the page's data test above still runs")
 def test_the_page_works_in_a_real_headless_browser(made, tmp_path):
+    result = run_page_selftest(made["atlas"].write_page(tmp_path / "atlas.html"))
+    assert result["errors"] == [] and result["taskMapChanged"] and result["headListsTask"], result
+    evil = "<img src=x onerror=\"window.pageErrors.push('injected')\">"  # a task name is data, never markup
+    hostile = synthetic({evil: 0, "t1": 0, "t2": 1, "t3": 1})
+    hostile.manifest["tasks"][evil]["category"] = "<b>x</b>"
+    result = run_page_selftest(hostile.write_page(tmp_path / "hostile.html"))
+    assert result["errors"] == [] and result["headListsTask"], result  # listed as text, nothing injected
+
+
+def run_page_selftest(path) -> dict:
+    """The page's own #selftest in headless Chromium: its result attribute, after no console line."""
+    import html
     import re
     import subprocess
 
-    path = made["atlas"].write_page(tmp_path / "atlas.html")
     done = subprocess.run(
         [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--virtual-time-budget=5000",
          "--dump-dom", f"file://{path}#selftest"], capture_output=True, text=True, timeout=120, check=False,
@@ -197,10 +208,7 @@ def test_the_page_works_in_a_real_headless_browser(made, tmp_path):
     assert not console, console  # the page logs nothing: no error, no warning
     found = re.search(r'data-selftest="([^"]*)"', done.stdout)
     assert found, f"the page's self-test did not run: {done.stderr[-500:]}"
-    import html
-
-    result = json.loads(html.unescape(found.group(1)))
-    assert result["errors"] == [] and result["taskMapChanged"] and result["headListsTask"], result
+    return json.loads(html.unescape(found.group(1)))
 
 
 PULL = """
@@ -280,3 +288,14 @@ def test_push_uploads_the_atlas_files_and_its_card(made, tmp_path, monkeypatch):
     (folder / "heads.parquet").write_bytes(b"damaged")
     with pytest.raises(AtlasError, match="do not match"):
         push_to_hub(folder, "lab/tiny-atlas")  # only a whole atlas leaves the machine
+
+
+def test_mantel_comparison_is_not_fooled_by_task_families():
+    tasks = [f"f{i}_{n}" for i in range(8) for n in (3, 5)]  # eight families of two list lengths
+    # within each atlas a family's two tasks share heads; beyond that the atlases have nothing in common
+    a = synthetic({t: i // 2 for i, t in enumerate(tasks)}, n_layers=8, seed=0)
+    b = synthetic({t: [3, 7, 1, 5, 0, 6, 2, 4][i // 2] for i, t in enumerate(tasks)}, n_layers=8, seed=5)
+    r = compare_atlases(a, b, k=(5, 5), n_perm=999)  # top 5: the family's 3 heads and 2 of the noise
+    assert r["spearman"] > 0.1  # the family pairs agree in both...
+    assert r["p_value"] > 0.05 and r["p_excl"] > 0.05  # ...but whole-family shuffles keep them: no evidence
+    assert r["pairs_excl"] == r["pairs"] - 8

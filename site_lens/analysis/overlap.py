@@ -224,8 +224,12 @@ def _permutation(matrix, categories, n_perm, seed, strata, blocks):
     if np.isnan(observed):
         return observed, np.empty(0), (ex_observed, np.empty(0), int((~inside).sum()))
     rng = np.random.default_rng(seed)
-    keys = [(strata or {}).get(names[int(np.flatnonzero(index == i)[0])], f"\0{u}") if strata is not None else ""
-            for i, u in enumerate(units)]  # fmt: skip
+    keys = []
+    for i, u in enumerate(units):  # a block's stratum: the one all its tasks share
+        found = {(strata or {}).get(names[j], f"\0{u}") for j in np.flatnonzero(index == i)} if strata is not None else {""}
+        if len(found) > 1:
+            raise ValueError(f"block '{u}' spans strata {sorted(found)}: blocks must lie inside one stratum")
+        keys.append(found.pop())
     groups = [np.flatnonzero(np.array(keys, dtype=object) == key) for key in dict.fromkeys(keys)]
     null = np.empty(n_perm)
     ex_null = np.empty(n_perm)

@@ -134,7 +134,10 @@ def assemble_atlas(
     for i, (name, seed) in enumerate(pairs, 1):
         task = load_task(name, data_dir=data_dir)
         records[name] = task_record(task)
-        theta = thetas[key(name, seed)].float().reshape(n_l, n_h)
+        theta = thetas[key(name, seed)].float()
+        if theta.numel() != n_l * n_h:
+            raise AtlasError(f"theta of {key(name, seed)} has {theta.numel()} values; {ident['name']} has {n_l * n_h} heads")
+        theta = theta.reshape(n_l, n_h)
         t_store[key(name, seed)] = task_embedding(model, task, cfg.embedding, seed).float()
         heads.append(_head_rows(name, seed, theta))
         if progress is not None:
@@ -142,8 +145,9 @@ def assemble_atlas(
     scores = [
         {"task": t, "seed": s, "method": m, **{c: float(r[c]) for c in ("first_token_acc", "exact_match", "strict_match")},
          "n_test": int(r["n_test"])}
-        for (t, m, s), r in sorted(rows.items()) if m in SCORED and t in records
-    ]  # fmt: skip
+        for (t, m, s), r in sorted(rows.items())
+        if m in SCORED and t in records and (seeds is None or s in seeds or m == "zero_shot")
+    ]  # fmt: skip  (zero-shot draws nothing with its seed: its one row stands for every seed)
     manifest = _manifest(model, ident, cfg, records, sorted({s for _, s in pairs}), command)
     return Atlas(manifest=manifest, heads=pd.concat(heads, ignore_index=True), scores=pd.DataFrame(scores), t=t_store)
 

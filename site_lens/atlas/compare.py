@@ -8,7 +8,8 @@ averaged over its seeds unless one is named). The statistic is the Spearman corr
 two matrices' entries over the pairs of shared tasks; its null shuffles the task labels of one
 matrix (rows and columns together), which keeps each matrix's own structure and breaks only
 their correspondence: a Mantel test. Pairs of one task family (animal_v_object_3 and _5) share
-heads strongly in any model, so the correlation is also given with those pairs left out.
+heads strongly in any model, so the shuffles move whole families (onto families of the same
+size), and the correlation is also given with those pairs left out.
 """
 
 from __future__ import annotations
@@ -23,15 +24,37 @@ MIN_TASKS = 4
 
 
 def task_matrix(atlas: Atlas, tasks: list[str], seed: int | None = None, k: int | None = None) -> pd.DataFrame:
-    """Top-k Jaccard between ``tasks``, at ``seed`` or averaged over the atlas's seeds."""
+    """Top-k Jaccard between ``tasks``, at ``seed`` or averaged over the seeds that map both tasks of a pair."""
     seeds = [seed] if seed is not None else atlas.seeds
-    mats = [atlas.overlap(s, k).reindex(index=tasks, columns=tasks) for s in seeds]
-    return sum(mats) / len(mats)
+    mats = np.stack([atlas.overlap(s, k).reindex(index=tasks, columns=tasks).to_numpy(dtype=float) for s in seeds])
+    with np.errstate(invalid="ignore"):
+        mean = np.nanmean(mats, axis=0) if np.isfinite(mats).any(axis=0).all() else np.full(mats.shape[1:], np.nan)
+    return pd.DataFrame(mean, index=tasks, columns=tasks)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 3 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
     ra, rb = pd.Series(a).rank().to_numpy(), pd.Series(b).rank().to_numpy()  # average ranks for ties
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def family_permutation(tasks: list[str], rng: np.random.Generator) -> np.ndarray:
+    """A shuffle of the task indices that moves whole families onto families of the same size, members in order."""
+    units: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        units.setdefault(family(t), []).append(i)
+    by_size: dict[int, list[list[int]]] = {}
+    for members in units.values():
+        by_size.setdefault(len(members), []).append(members)
+    perm = np.arange(len(tasks))
+    for group in by_size.values():
+        order = rng.permutation(len(group))
+        for src, dst in zip(group, (group[j] for j in order)):
+            perm[src] = dst
+    return perm
 
 
 def compare_atlases(
@@ -42,7 +65,12 @@ def compare_atlases(
     n_perm: int = 10_000,
     seed: int = 0,
 ) -> dict[str, float | int | str]:
-    """Mantel test of two atlases' task-by-task head overlap over their shared tasks (one-sided: agree more than chance)."""
+    """Mantel test of two atlases' task-by-task head overlap over their shared tasks (one-sided: agree more than chance).
+
+    The null shuffles whole task families onto families of the same size (a family's two list
+    lengths stay together, as they do in the data), so near-duplicate tasks cannot narrow it.
+    p is NaN where the statistic is (constant or missing overlaps); a NaN shuffle counts against.
+    """
     tasks = sorted(set(a.tasks) & set(b.tasks))
     if len(tasks) < MIN_TASKS:
         raise AtlasError(f"the two atlases share {len(tasks)} tasks; a comparison needs at least {MIN_TASKS}")
@@ -50,22 +78,28 @@ def compare_atlases(
     mb = task_matrix(b, tasks, seeds[1], k[1]).to_numpy(dtype=float)
     upper = np.triu_indices(len(tasks), 1)
     fam = np.array([family(t) for t in tasks])
-    apart = (fam[:, None] != fam[None, :])[upper]  # pairs of two families
+    apart = (fam[:, None] != fam[None, :])[upper]  # pairs of two families (a family shuffle keeps this set)
     va = ma[upper]
     rng = np.random.default_rng(seed)
     observed = (_spearman(va, mb[upper]), _spearman(va[apart], mb[upper][apart]))
     null = np.empty((n_perm, 2))
     for i in range(n_perm):
-        p = rng.permutation(len(tasks))
+        p = family_permutation(tasks, rng)
         vb = mb[np.ix_(p, p)][upper]
         null[i] = _spearman(va, vb), _spearman(va[apart], vb[apart])
-    pv = [(1 + int((null[:, j] >= observed[j] - 1e-12).sum())) / (n_perm + 1) for j in range(2)]
+    pv = []
+    for j in range(2):
+        if np.isnan(observed[j]):
+            pv.append(float("nan"))
+        else:
+            reach = np.isnan(null[:, j]) | (null[:, j] >= observed[j] - 1e-12)
+            pv.append((1 + int(reach.sum())) / (n_perm + 1))
     return {
         "tasks": len(tasks),
         "pairs": len(va),
         "spearman": observed[0],
         "p_value": pv[0],
-        "null_mean": float(null[:, 0].mean()),
+        "null_mean": float(np.nanmean(null[:, 0])) if np.isfinite(null[:, 0]).any() else float("nan"),
         "pairs_excl": int(apart.sum()),
         "spearman_excl": observed[1],
         "p_excl": pv[1],

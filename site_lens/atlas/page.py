@@ -41,7 +41,7 @@ def page_data(atlas: Atlas) -> dict[str, Any]:
             col = sub[v].to_numpy(dtype=float)
             if np.isnan(col).all():
                 continue
-            maps[v].setdefault(task, {})[str(int(seed))] = [round(float(x), DIGITS) for x in col]
+            maps[v].setdefault(task, {})[str(int(seed))] = [None if np.isnan(x) else round(float(x), DIGITS) for x in col]
     scores: dict[str, dict[str, dict[str, float]]] = {}
     for r in atlas.scores.itertuples():
         scores.setdefault(r.task, {}).setdefault(r.method, {})[str(int(r.seed))] = round(float(r.exact_match), 4)
@@ -110,6 +110,7 @@ td:first-child{text-align:left}#note{color:#666;font-size:12px;max-width:900px}
 const D = JSON.parse(document.getElementById("atlas-data").textContent);
 const L = D.model.n_layers, H = D.model.n_heads, N = L * H;
 const $ = id => document.getElementById(id);
+const esc = s => String(s).replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
 const state = {seed: "mean", value: D.values[0], task: D.tasks[0], head: 0};
 function opt(sel, items, labels) {
   sel.innerHTML = "";
@@ -127,7 +128,8 @@ function range() {
   if (state.value === "alpha") { lo = Math.min(lo, 0); hi = Math.max(hi, 1); }
   return [lo, hi];
 }
-function colour(x, lo, hi) {  // sequential: white to dark blue
+function colour(x, lo, hi) {  // sequential: white to dark blue; grey where the atlas has no value
+  if (x === null || x === undefined) return "#ddd";
   const f = hi > lo ? Math.max(0, Math.min(1, (x - lo) / (hi - lo))) : 0;
   const r = Math.round(247 - f * (247 - 8)), g = Math.round(251 - f * (251 - 48)), b = Math.round(255 - f * (255 - 107));
   return `rgb(${r},${g},${b})`;
@@ -164,10 +166,10 @@ function drawTask() {
   const mean = (m, key) => { const v = seeds.map(s => ((D[key][t] || {})[m] || {})[s]).filter(x => x !== undefined); return v.length ? (100 * v.reduce((a, b) => a + b, 0) / v.length).toFixed(1) : "-"; };
   const methods = Object.keys(D.prefix[t] || {}).sort();
   $("scores").innerHTML = "<h2>scores (mean over the seeds shown, %)</h2><table><tr><th>method</th><th>prefix match</th><th>strict match</th></tr>" +
-    methods.map(m => `<tr><td>${m}</td><td>${mean(m, "prefix")}</td><td>${mean(m, "strict")}</td></tr>`).join("") + "</table>";
+    methods.map(m => `<tr><td>${esc(m)}</td><td>${mean(m, "prefix")}</td><td>${mean(m, "strict")}</td></tr>`).join("") + "</table>";
   const near = D.tasks.filter(u => u !== t).map(u => [u, jaccard(topSet(row(t)), topSet(row(u)))]).filter(x => x[1] !== null)
     .sort((a, b) => b[1] - a[1]).slice(0, 8);
-  $("nearest").innerHTML = `<h2>nearest tasks (top-${D.k} Jaccard)</h2><table>` + near.map(([u, j]) => `<tr><td>${u}</td><td>${j.toFixed(2)}</td></tr>`).join("") + "</table>";
+  $("nearest").innerHTML = `<h2>nearest tasks (top-${D.k} Jaccard)</h2><table>` + near.map(([u, j]) => `<tr><td>${esc(u)}</td><td>${j.toFixed(2)}</td></tr>`).join("") + "</table>";
 }
 function topSet(r) { if (!r) return null; return new Set(r.map((x, i) => [x, i]).sort((a, b) => b[0] - a[0] || a[1] - b[1]).slice(0, D.k).map(p => p[1])); }
 function jaccard(a, b) { if (!a || !b) return null; let n = 0; a.forEach(x => { if (b.has(x)) n++; }); return n / (a.size + b.size - n); }
@@ -175,8 +177,8 @@ function drawHead() {
   const h = state.head, name = `L${Math.floor(h / H)}H${h % H}`;
   $("head-title").textContent = `tasks with ${name} in their top ${D.k} heads (${state.seed === "mean" ? "mean over seeds" : "seed " + state.seed})`;
   const hits = D.tasks.map(t => [t, row(t), topSet(row(t))]).filter(x => x[2] && x[2].has(h)).map(x => [x[0], x[1][h]]).sort((a, b) => b[1] - a[1]);
-  $("headtasks").innerHTML = hits.length ? "<table><tr><th>task</th><th>category</th><th>" + state.value + "</th></tr>" +
-    hits.map(([t, v]) => `<tr><td>${t}</td><td>${D.categories[t]}</td><td>${v.toFixed(3)}</td></tr>`).join("") + "</table>" : "<p>no task</p>";
+  $("headtasks").innerHTML = hits.length ? "<table><tr><th>task</th><th>category</th><th>" + esc(state.value) + "</th></tr>" +
+    hits.map(([t, v]) => `<tr><td>${esc(t)}</td><td>${esc(D.categories[t])}</td><td>${v === null ? "-" : v.toFixed(3)}</td></tr>`).join("") + "</table>" : "<p>no task</p>";
 }
 function draw() { drawMatrix(); drawTask(); drawHead(); $("task").value = state.task; $("head").value = String(state.head); }
 opt($("seed"), ["mean", ...D.seeds.map(String)], ["mean over seeds", ...D.seeds.map(s => "seed " + s)]);

@@ -179,7 +179,7 @@ class Atlas:
     # ---------------------------------------------------------------- viewing
 
     def show(self, height: int = 900):
-        """The atlas page inline in Jupyter (an iframe, so its script and ids stay apart from the notebook's)."""
+        """The atlas page inline in Jupyter (a sandboxed iframe: its script runs apart from the notebook's origin)."""
         import html
 
         from IPython.display import HTML
@@ -187,7 +187,7 @@ class Atlas:
         from .page import render
 
         doc = html.escape(render(self), quote=True)
-        return HTML(f'<iframe srcdoc="{doc}" style="width:100%;height:{height}px;border:0"></iframe>')
+        return HTML(f'<iframe sandbox="allow-scripts" srcdoc="{doc}" style="width:100%;height:{height}px;border:0"></iframe>')
 
     def write_page(self, path: str | Path) -> Path:
         """The atlas page as one self-contained HTML file (opens offline)."""
