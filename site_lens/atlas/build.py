@@ -6,8 +6,8 @@
 A bench folder holds each SITE row's theta (the rows' ``info``, or ``theta.safetensors`` "TASK/seedS"
 where the row files are not kept) and the scores in rows.csv; t is not kept there, so it is
 recomputed: stage 1 with the row's seed and the folder's recorded embedding settings, the same
-prompts the fit used. ``fit_atlas`` fits what is missing first, through ``site-lens bench`` (its
-rows, locks, shards and resumption), then assembles.
+prompts the fit used. What is missing is fitted by ``site-lens bench`` first (its rows, locks,
+shards and resumption); assembling trains nothing.
 """
 
 from __future__ import annotations
