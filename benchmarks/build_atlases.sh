@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped atlases: both embedded models, every FV task with a committed SITE theta (seed runs), t
+# The atlases of both embedded models: every FV task with a committed SITE theta (seed runs), t
 # recomputed by stage 1 (one thread each, the two models in parallel), their pages, and the comparison
 # of the two models (benchmarks/compare_models.py --atlases atlases writes the table docs/atlas.md quotes).
 #   benchmarks/build_atlases.sh            # DATA=../shared/datasets/fv to use another task folder
