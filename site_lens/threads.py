@@ -2,7 +2,7 @@
 
 torch's OpenMP threads wait for each other at every parallel region (hundreds per training
 step). When another process holds one of the cores, a thread of ours is descheduled and its
-partner spins at each region until it returns: a step beside one busy process ran 3.3x slower
+partner spins at each region until it returns: a step beside one busy process ran 2-3.3x slower
 than idle (BENCHMARKS.md), where a fair share of the cores costs at most 2x. One thread per
 *free* core avoids it. ``adapt()`` is called at step boundaries of site-lens's long loops (training
 steps, stage-1 and generation batches, decode steps); at most every ``INTERVAL`` seconds it
