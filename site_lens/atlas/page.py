@@ -23,14 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from .store import Atlas
-
 VALUES = ("alpha",)  # per-head values the page can colour by, when the atlas has them
 OPTIONAL_VALUES = ("cie", "attribution")
 DIGITS = 4  # decimals kept in the page (a colour needs far fewer)
 
 
-def page_data(atlas: Atlas) -> dict[str, Any]:
+def page_data(atlas: Any) -> dict[str, Any]:  # an atlas.store.Atlas (not imported: store imports this module)
     """What the page embeds: tasks (grouped by category), seeds, per-head values per (task, seed), scores."""
     tasks = sorted(atlas.tasks, key=lambda t: (atlas.category(t), t))
     values = [v for v in (*VALUES, *OPTIONAL_VALUES) if v in atlas.heads.columns]
@@ -61,14 +59,14 @@ def page_data(atlas: Atlas) -> dict[str, Any]:
     }
 
 
-def render(atlas: Atlas) -> str:
+def render(atlas: Any) -> str:
     """The page's HTML: one file, its data and script inline."""
     data = json.dumps(page_data(atlas), separators=(",", ":"))
     title = html.escape(f"SITE head atlas: {atlas.model.get('name')}")
     return TEMPLATE.replace("__TITLE__", title).replace("__DATA__", data.replace("</", "<\\/"))
 
 
-def write_page(atlas: Atlas, path: str | Path) -> Path:
+def write_page(atlas: Any, path: str | Path) -> Path:
     """Write the page (through a temporary name, so a reader never sees half of it)."""
     from ..adapter import write_text_atomic
 
