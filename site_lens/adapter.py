@@ -133,17 +133,22 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
         cfg = {"format": fmt, "model": adapter.model, "gate": adapter.gate.to_dict(), "meta": adapter.meta}
         cfg["weights_sha256"] = digest
         (tmp / CFG_FILE).write_text(json.dumps(cfg, indent=1, sort_keys=True))
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_folder(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def replace_folder(tmp: Path, path: Path) -> None:
+    """Put the finished folder ``tmp`` at ``path``, replacing an old one (moved aside, then removed)."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
 
 
 def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None) -> Adapter:

@@ -57,16 +57,24 @@ def handler(repos: Repos):
         def _error(self, code: str, head: bool = False) -> None:
             self._send(404, json.dumps({"error": code}).encode(), {"X-Error-Code": code, "Content-Type": "application/json"}, head)
 
+        def _resolve(self, repo: str, rev: str, head: bool):
+            """(commit, files) of a repository's revision, or None after answering the Hub's 404."""
+            if repo not in repos.repos:
+                self._error("RepoNotFound", head)
+                return None
+            found = repos.resolve(repo, rev)
+            if found is None:
+                self._error("RevisionNotFound", head)
+            return found
+
         def _route(self, head: bool) -> None:
             path = unquote(urlparse(self.path).path)
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/(revision|tree)/([^/]+)(/.*)?", path)
             if m:
                 repo, kind, rev = m.group(1), m.group(2), m.group(3)
-                if repo not in repos.repos:
-                    return self._error("RepoNotFound", head)
-                found = repos.resolve(repo, rev)
+                found = self._resolve(repo, rev, head)
                 if found is None:
-                    return self._error("RevisionNotFound", head)
+                    return None
                 commit, files = found
                 if kind == "revision":
                     body = {"id": repo, "modelId": repo, "sha": commit, "private": False,
@@ -78,11 +86,9 @@ def handler(repos: Repos):
             m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
             if m:
                 repo, rev, name = m.groups()
-                if repo not in repos.repos:
-                    return self._error("RepoNotFound", head)
-                found = repos.resolve(repo, rev)
+                found = self._resolve(repo, rev, head)
                 if found is None:
-                    return self._error("RevisionNotFound", head)
+                    return None
                 commit, files = found
                 if name not in files:
                     return self._error("EntryNotFound", head)

@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..adapter import Adapter, AdapterError
+from ..adapter import Adapter, AdapterError, replace_folder
 
 SCHEMA_VERSION = 1
 MANIFEST = "atlas.json"
@@ -217,14 +217,7 @@ class Atlas:
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
             for f in (*DATA_FILES, MANIFEST):
                 os.chmod(tmp / f, 0o666 & ~_umask())
-            if path.exists():
-                old = path.with_name(f".{path.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(path, old)
-                os.replace(tmp, path)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, path)
+            replace_folder(tmp, path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.manifest = manifest
