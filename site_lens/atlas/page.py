@@ -193,7 +193,7 @@ $("matrix").onclick = e => {
   else if (j >= 0 && j < N) { state.head = j; if (i >= 0 && i < D.tasks.length) state.task = D.tasks[i]; }
   draw();
 };
-$("note").textContent = `${D.model.name} (${D.model.architecture}, ${L} layers x ${H} heads): ${D.tasks.length} tasks, seeds ${D.seeds.join(", ")}. ` +
+$("note").textContent = `${D.model.name} (${D.model.architecture ? D.model.architecture + ", " : ""}${L} layers x ${H} heads): ${D.tasks.length} tasks, seeds ${D.seeds.join(", ")}. ` +
   "alpha = sigmoid(theta), SITE's weight on each head; prefix match: the answer line starts with the target; strict: it is the target.";
 draw();
 if (location.hash === "#selftest") {  // what a browser test checks: a task changes the map, a head lists its tasks
