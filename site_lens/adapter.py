@@ -38,13 +38,18 @@ MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_voc
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temp file beside ``path`` (named for this host and pid), fsync, then rename it into place."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """``write_text_atomic`` for bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions, as open() gives
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -55,6 +55,34 @@ def test_assembled_atlas_holds_every_task_and_seed_as_tidy_tables(made):
     assert atlas.manifest["tasks"]["upper"]["family"] == "upper" and atlas.manifest["schema_version"] == SCHEMA_VERSION
 
 
+def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_path):
+    import shutil
+
+    from site_lens.experiments.bench import T_FILE, kept_t, t_path
+    from site_lens.stages.embeddings import task_embedding
+    from site_lens.tasks import load_task
+
+    model, atlas = made["model"], made["atlas"]
+    assert all("t kept by the bench run" in p for p in made["progress"])
+    for name, seed in (("upper", 0), ("lower", 1)):
+        again = task_embedding(model, load_task(name, data_dir=made["data"]), CFG.embedding, seed).float()
+        assert torch.equal(atlas.t[f"{name}/seed{seed}"], again)
+    bench = tmp_path / "bench"
+    shutil.copytree(made["bench"], bench)
+    other = SiteConfig.from_dict({**CFG.to_dict(), "embedding": {**CFG.embedding.to_dict(), "batch_size": 1}})
+    assert kept_t(bench, "upper", 0, "tiny", other.embedding) is None  # made otherwise: not taken
+    t_path(bench, "upper", 0).unlink()
+    t_path(bench, "lower", 1).write_bytes(b"truncated")
+    seen = []
+    again = assemble_atlas(model, [bench], data_dir=made["data"], command="test", progress=seen.append)
+    assert sum("t recomputed" in p for p in seen) == 2 and len(seen) == 4
+    assert all(torch.equal(again.t[k], atlas.t[k]) for k in atlas.t)
+    assert len(list(bench.glob(f"rows/*/seed*/{T_FILE}"))) == 4  # kept again: a third assembly computes nothing
+    seen.clear()
+    assemble_atlas(model, [bench], data_dir=made["data"], command="test", progress=seen.append)
+    assert not any("t recomputed" in p for p in seen)
+
+
 def test_the_adapter_from_the_atlas_gives_the_bench_rows_scores_exactly(made):
     from site_lens.experiments.run import evaluate
     from site_lens.tasks import load_task

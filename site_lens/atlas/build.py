@@ -6,7 +6,9 @@
 A bench folder holds each SITE row's theta (the rows' ``info``, or ``theta.safetensors`` "TASK/seedS"
 where the row files are not kept) and the scores in rows.csv; t is not kept there, so it is
 recomputed: stage 1 with the row's seed and the folder's recorded embedding settings, the same
-prompts the fit used. What is missing is fitted by ``site-lens bench`` first (its rows, locks,
+prompts the fit used. ``bench`` keeps each (task, seed)'s t beside its row files
+(``rows/TASK/seedS/t.safetensors``, labelled with the model and the settings), and assembling keeps
+the t it computes there too, so a stopped assembly resumes and none is computed twice. What is missing is fitted by ``site-lens bench`` first (its rows, locks,
 shards and resumption); assembling trains nothing.
 """
 
@@ -104,14 +106,17 @@ def assemble_atlas(
     A later folder's row or theta replaces an earlier one's. Each folder's bench.json must name
     this model; every folder must record the same embedding settings (t depends on them).
     """
+    from ..experiments.bench import keep_t, kept_t
     from ..models import model_identity
     from ..stages.embeddings import task_embedding
 
     ident = model_identity(model)
+    folders = [Path(f) for f in folders]
     rows: dict[tuple, dict[str, Any]] = {}
     thetas: dict[str, torch.Tensor] = {}
     cfg = None
-    for folder in map(Path, folders):
+    home: dict[str, Path] = {}  # where each theta came from: its t is kept there (resuming a stopped assembly)
+    for folder in folders:
         spec = json.loads((folder / "bench.json").read_text()) if (folder / "bench.json").is_file() else {}
         if spec.get("model") != ident["name"]:
             raise AtlasError(f"{folder}: bench rows of model '{spec.get('model')}', not '{ident['name']}'")
@@ -121,7 +126,9 @@ def assemble_atlas(
         cfg = here
         for r in read_rows(folder):
             rows[(r["task"], r["method"], r["seed"])] = r
-        thetas.update(read_thetas(folder))
+        here_thetas = read_thetas(folder)
+        thetas.update(here_thetas)
+        home.update(dict.fromkeys(here_thetas, folder))
     if cfg is None:
         raise AtlasError("assemble_atlas needs at least one bench folder")
     pairs = sorted({(k.split("/seed")[0], int(k.split("/seed")[1])) for k in thetas})
@@ -138,10 +145,17 @@ def assemble_atlas(
         if theta.numel() != n_l * n_h:
             raise AtlasError(f"theta of {key(name, seed)} has {theta.numel()} values; {ident['name']} has {n_l * n_h} heads")
         theta = theta.reshape(n_l, n_h)
-        t_store[key(name, seed)] = task_embedding(model, task, cfg.embedding, seed).float()
+        k = key(name, seed)
+        t = next((x for f in folders if (x := kept_t(f, name, seed, ident["name"], cfg.embedding)) is not None), None)
+        how = "t kept by the bench run"
+        if t is None:
+            t, how = task_embedding(model, task, cfg.embedding, seed).float(), "t recomputed"
+            if (home[k] / "rows").is_dir():
+                keep_t(home[k], name, seed, t, ident["name"], cfg.embedding)
+        t_store[k] = t.float()
         heads.append(_head_rows(name, seed, theta))
         if progress is not None:
-            progress(f"[{i}/{len(pairs)}] {name} seed {seed}: t recomputed ({time.perf_counter() - t0:.0f} s so far)")
+            progress(f"[{i}/{len(pairs)}] {name} seed {seed}: {how} ({time.perf_counter() - t0:.0f} s so far)")
     scores = [
         {"task": t, "seed": s, "method": m, **{c: float(r[c]) for c in ("first_token_acc", "exact_match", "strict_match")},
          "n_test": int(r["n_test"])}

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..adapter import write_json_atomic, write_text_atomic
-from ..config import ConfigError, EvalConfig, SiteConfig
+from ..adapter import write_bytes_atomic, write_json_atomic, write_text_atomic
+from ..config import ConfigError, EmbeddingConfig, EvalConfig, SiteConfig
 from ..locks import Locks, owner_tag, temp_is_orphan
 from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
@@ -119,6 +119,39 @@ def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
 
 def row_path(out: Path, task: str, seed: int, method: str) -> Path:
     return out / ROWS_DIR / task / f"seed{seed}" / f"{method}.json"
+
+
+T_FILE = "t.safetensors"  # beside a (task, seed)'s row files: stage 1's t, kept so an atlas need not recompute it
+
+
+def t_path(out: Path, task: str, seed: int) -> Path:
+    return out / ROWS_DIR / task / f"seed{seed}" / T_FILE
+
+
+def keep_t(out: Path, task: str, seed: int, t: Any, model_name: str, embedding: EmbeddingConfig) -> None:
+    """Keep a (task, seed)'s t beside its rows, labelled with the model and the embedding settings that made it."""
+    from safetensors.torch import save
+
+    meta = {"model": model_name, "embedding": json.dumps(embedding.to_dict(), sort_keys=True)}
+    write_bytes_atomic(t_path(out, task, seed), save({"t": t.detach().float().cpu().contiguous()}, metadata=meta))
+
+
+def kept_t(out: Path, task: str, seed: int, model_name: str, embedding: EmbeddingConfig) -> Any:
+    """The t ``keep_t`` kept for this model and these settings, or None (absent, unreadable or made otherwise)."""
+    from safetensors import safe_open
+
+    path = t_path(out, task, seed)
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            same = meta.get("model") == model_name and meta.get("embedding") == json.dumps(
+                embedding.to_dict(), sort_keys=True
+            )
+            return f.get_tensor("t") if same else None
+    except Exception:  # a truncated or foreign file: recomputed, never trusted
+        return None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -325,6 +358,8 @@ def run_bench(
                         log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
                         continue
                     write_json_atomic(path, on_disk)
+                    if ctx._mean_z is not None and not t_path(out, name, seed).is_file():
+                        keep_t(out, name, seed, ctx._mean_z, ident["name"], cfg.embedding)
                 if report is not None:
                     report(on_disk)
     return write_summary(out, locks=locks)
