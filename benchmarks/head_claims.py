@@ -55,6 +55,7 @@ from site_lens.analysis.overlap import (
 )
 from site_lens.analysis.plots.claims import patching_contrast, permutation_null_figure, seed_stability_figure
 from site_lens.analysis.plots.theme import save_figure
+from site_lens.files import plain_modes
 from site_lens.stats import bootstrap_interval
 
 MIN_GAIN = 0.1  # SITE above zero-shot on a recovery's own metric, for (a)'s averages
@@ -84,6 +85,7 @@ def collect_thetas(root: Path) -> dict[str, torch.Tensor]:
     if thetas:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes started together each write their own
         save_file({k: v.contiguous() for k, v in sorted(thetas.items())}, str(tmp))
+        plain_modes(tmp)  # safetensors writes 0600
         tmp.replace(path)
     return thetas
 

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .files import plain_modes
 from .gate import GateSpec, Hooks, injection_hooks
 from .locks import owner_tag
 
@@ -145,7 +146,12 @@ def save_adapter(adapter: Adapter, path: str | Path) -> Path:
 
 
 def replace_folder(tmp: Path, path: Path) -> None:
-    """Put the finished folder ``tmp`` at ``path``, replacing an old one (moved aside, then removed)."""
+    """Put the finished folder ``tmp`` at ``path``, replacing an old one (moved aside, then removed).
+
+    The folder and its files get the modes ``mkdir()`` and ``open()`` give (``files.plain_modes``):
+    ``mkdtemp``'s folder is 0700 and safetensors' files 0600.
+    """
+    plain_modes(tmp)
     if path.exists():
         old = path.with_name(f".{path.name}.old")
         shutil.rmtree(old, ignore_errors=True)

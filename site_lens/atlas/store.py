@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -206,7 +205,6 @@ class Atlas:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp"))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: the umask's permissions, as mkdir gives
         try:
             _write_table(self.heads, tmp / HEADS)
             _write_table(self.scores, tmp / SCORES)
@@ -215,19 +213,11 @@ class Atlas:
             (tmp / CARD).write_text(model_card(manifest, self))
             manifest["files"] = {f: _sha256(tmp / f) for f in DATA_FILES}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-            for f in (*DATA_FILES, MANIFEST):
-                os.chmod(tmp / f, 0o666 & ~_umask())
-            replace_folder(tmp, path)
+            replace_folder(tmp, path)  # with the modes mkdir() and open() give
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.manifest = manifest
         return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _sha256(path: Path) -> str:

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from ..adapter import Adapter, load_adapter
+from ..files import plain_modes
 
 log = logging.getLogger(__name__)
 PATCHING_FILE = "patching.csv"
@@ -105,6 +106,7 @@ def analyse_runs(
         if redo or not (run.path / CIE_FILE).is_file():
             cie = causal_indirect_effect(model, task, run.adapter.t, n_prompts=cie_prompts, n_shots=n_shots)
             save_file({"cie": cie.contiguous()}, str(run.path / CIE_FILE))
+            plain_modes(run.path / CIE_FILE)  # safetensors writes 0600; open() would give the umask's mode
         log.info("analysed %s", run.name)
     if len(runs) > 1:
         tm = transfer_matrix(model, tasks, {r.name: r.adapter for r in runs}, max_items=max_items)

@@ -41,6 +41,7 @@ from ..analysis.minimal import (
 )
 from ..analysis.sparse import SparseFit, sparse_path
 from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
+from ..files import plain_modes
 from ..methods.site import fit_site
 from ..models.engines import Model
 from ..models.identity import model_identity
@@ -153,11 +154,12 @@ def _attribution(model: Model, task: Task, t: torch.Tensor) -> torch.Tensor:
 
 
 def _save_tensors(folder: Path, name: str, tensors: dict) -> None:
-    """``tensors`` as the safetensors file ``folder / name``, written whole or not at all."""
+    """``tensors`` as the safetensors file ``folder / name``, written whole or not at all, with open()'s mode."""
     from safetensors.torch import save_file
 
     tmp = folder / f".{name}.tmp"
     save_file(tensors, str(tmp))
+    plain_modes(tmp)  # safetensors writes 0600
     os.replace(tmp, folder / name)
 
 
@@ -286,8 +288,6 @@ def run_shared(
     Writes ``root/shared/``: theta.safetensors, scores.csv (per task on test: zero-shot, the task's own
     SITE, the shared gate soft and as a mask at 0.5) and shared.json; returns the scores.
     """
-    from safetensors.torch import save_file
-
     from ..analysis.minimal import HeadSet, mask_alpha
     from ..analysis.multitask import fit_shared
 
@@ -313,7 +313,7 @@ def run_shared(
     scores = add_recovery(scores)
     out = root / "shared"
     out.mkdir(parents=True, exist_ok=True)
-    save_file({"theta": fit.theta.contiguous()}, str(out / "theta.safetensors"))
+    _save_tensors(out, "theta.safetensors", {"theta": fit.theta.contiguous()})
     write_text_atomic(out / "scores.csv", scores.to_csv(index=False))
     info = {
         "tasks": fit.tasks,

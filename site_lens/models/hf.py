@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from ..adapter import Adapter, AdapterError
+from ..files import plain_modes
 from ..gate import AlphaGate
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, hf_architecture, join_gguf
@@ -76,9 +77,6 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide a shared cache from other users
         # the weights as dequantised: a plain float32 checkpoint (GGUF-loaded models refuse save_pretrained)
         from safetensors.torch import save_model
 
@@ -91,6 +89,7 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
         if _cached_hf(entry, digest):  # another process finished the same entry first: keep theirs
             shutil.rmtree(tmp, ignore_errors=True)
             return True
+        plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..files import plain_modes
 from .convert import finalize, new_hooked
 from .engines import Model
 
@@ -86,6 +87,7 @@ def save(entry: Path, model: Model, digest: str) -> None:
             "cfg": cfg,
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+        plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)

@@ -1,0 +1,61 @@
+"""File permissions: what site-lens writes ends with the modes a plain ``open()`` / ``mkdir()`` gives.
+
+Some writers create private files: ``tempfile.mkdtemp`` makes a 0700 folder, and safetensors'
+``save_file`` / ``save_model`` write a 0600 file (through a temporary name of their own). A
+folder or file renamed into place from those would keep the private modes, hiding a shared cache
+or an output folder from the group and others that the user's umask lets read it.
+``plain_modes`` sets 0o666 & ~umask on files and 0o777 & ~umask on folders, as ``open()`` and
+``mkdir()`` would have.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def umask() -> int:
+    """The process's umask.
+
+    Read from ``/proc/self/status`` where Linux gives it (kernel 4.7 and later): reading leaves it
+    untouched. Elsewhere ``os.umask`` has to set it to read it, so it is set to 0 and back at once;
+    in that instant a file another thread creates would get 0666 (the window is a few instructions,
+    and only where /proc does not answer).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def plain_modes(path: str | Path) -> Path:
+    """Give ``path`` (a folder: it and everything in it) the modes ``open()`` and ``mkdir()`` give under the umask.
+
+    Files get 0o666 & ~umask (0o777 & ~umask if the owner could execute them), folders
+    0o777 & ~umask; links are left alone. Call it on a finished temporary file or folder just
+    before renaming it into place.
+    """
+    path = Path(path)
+    mask = umask()
+    _chmod(path, mask)
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                _chmod(Path(root) / name, mask)
+    return path
+
+
+def _chmod(path: Path, mask: int) -> None:
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        return
+    full = 0o777 if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR else 0o666
+    if stat.S_IMODE(st.st_mode) != full & ~mask:
+        os.chmod(path, full & ~mask)
