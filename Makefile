@@ -14,7 +14,7 @@ STAMP_TL4 := $(VENV_TL4)/.site-lens-installed
 # the suite again on TransformerLens 4: tests of HookedTransformer itself skip there, each saying why
 TL4_TESTS ?= tests
 
-.PHONY: venv venv-tl4 test test-tl4 test-fast demo lint format bench bbh clean chromium
+.PHONY: venv venv-tl4 test test-tl4 test-fast demo lint format bench bbh clean chromium docs
 
 venv: $(STAMP)
 
@@ -38,9 +38,14 @@ test: venv venv-tl4
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS)
 	HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 notebooks
 	$(MAKE) test-tl4
+	$(MAKE) docs
 
 test-tl4: venv-tl4
 	HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS) $(TL4_TESTS)
+
+# The reference site (mkdocs.yml) into site/: strict (a warning fails it) and offline; the notebooks are not run.
+docs: venv
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
 
 # PNG export (kaleido) drives a Chromium. Nothing else here installs system packages: `make chromium` is the one
 # target that does, and only when asked (Debian's chromium, needs root and apt-get); without one, figures are HTML only.

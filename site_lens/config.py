@@ -49,7 +49,12 @@ class _Config:
 
 @dataclass
 class EmbeddingConfig(_Config):
-    """Stage 1: how the task embedding t[layer, head] is averaged."""
+    """Stage 1: how the task embedding t[layer, head] is averaged.
+
+    Example:
+        >>> EmbeddingConfig(n_prompts=20).n_shots
+        10
+    """
 
     n_prompts: int = field(default=50, metadata={"flag": "prompts"})  # M: few-shot prompts averaged (paper: 50)
     n_shots: int = field(default=10, metadata={"flag": "shots"})  # N: demonstrations per prompt, also ICL's (paper: 10)
@@ -63,7 +68,16 @@ class EmbeddingConfig(_Config):
 
 @dataclass
 class SelectionConfig(_Config):
-    """Stage 2: training theta, alpha = sigmoid(theta), on zero-shot prompts."""
+    """Stage 2: training theta, alpha = sigmoid(theta), on zero-shot prompts.
+
+    Example:
+        >>> SelectionConfig(steps=100).lr
+        0.2
+        >>> SelectionConfig(lr=-1)
+        Traceback (most recent call last):
+        ...
+        site_lens.config.ConfigError: SelectionConfig.lr must be a finite number > 0, got -1
+    """
 
     steps: int = 400  # optimiser steps (paper: 400)
     lr: float = 0.2  # Adam learning rate (paper: 0.2)
@@ -95,7 +109,12 @@ class SelectionConfig(_Config):
 
 @dataclass
 class EvalConfig(_Config):
-    """Stage 3 and scoring."""
+    """Stage 3 and scoring.
+
+    Example:
+        >>> EvalConfig(max_test=20).max_new_tokens
+        20
+    """
 
     max_new_tokens: int = 20  # greedy tokens generated per query (paper: 20)
     stop_at_newline: bool = True  # stop a row once it emits a newline
@@ -118,7 +137,12 @@ K_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 
 @dataclass
 class SparsityConfig(_Config):
-    """Sparse SITE: a price on every head the gate opens (``sparse``)."""
+    """Sparse SITE: a price on every head the gate opens (``sparse``).
+
+    Example:
+        >>> SparsityConfig(weight=0.03).penalty
+        'l0'
+    """
 
     penalty: str = "l0"  # l0: hard-concrete gates with exact zeros (Louizos et al. 2018); l1: SITE's gates and the L1 norm of alpha
     weight: float = 0.0  # nats added to the loss per open head (0 with l1 is SITE)
@@ -138,7 +162,13 @@ class SparsityConfig(_Config):
 
 @dataclass
 class SiteConfig(_Config):
-    """Everything one SITE run depends on."""
+    """Everything one SITE run depends on.
+
+    Example:
+        >>> cfg = SiteConfig(seed=1, selection=SelectionConfig(steps=100))
+        >>> SiteConfig.from_dict(cfg.to_dict()) == cfg
+        True
+    """
 
     seed: int = 0  # seeds every draw: stage-1 prompts, training order, ICL demonstrations
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)

@@ -24,7 +24,12 @@ def _lead(line: str) -> int:
 
 
 def normalize(text: str, case_sensitive: bool = False) -> str:
-    """First line, cut at '(' (after a leading group like '(A)'), stripped, lower-cased unless ``case_sensitive``."""
+    """First line, cut at '(' (after a leading group like '(A)'), stripped, lower-cased unless ``case_sensitive``.
+
+    Example:
+        >>> normalize("  Paris (France)")
+        'paris'
+    """
     line = text.strip().split("\n")[0]
     n = _lead(line)
     if line.startswith("(") and n == 0:  # an unclosed '(' opens the line: nothing to cut at
@@ -34,7 +39,12 @@ def normalize(text: str, case_sensitive: bool = False) -> str:
 
 
 def exact_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
-    """The paper's metric: the normalised prediction starts with the normalised target."""
+    """The paper's metric: the normalised prediction starts with the normalised target.
+
+    Example:
+        >>> exact_match(" Paris, France", "paris")
+        True
+    """
     p, t = normalize(pred, case_sensitive), normalize(target, case_sensitive)
     return bool(t) and p.startswith(t)
 
@@ -61,7 +71,12 @@ def settled_match(partial: str, target: str, case_sensitive: bool = False) -> bo
 
 
 def strict_match(pred: str, target: str, case_sensitive: bool = False) -> bool:
-    """The normalised prediction equals the normalised target."""
+    """The normalised prediction equals the normalised target.
+
+    Example:
+        >>> strict_match(" Paris, France", "paris"), strict_match(" PARIS (the capital)", "paris")
+        (False, True)
+    """
     return normalize(pred, case_sensitive) == normalize(target, case_sensitive)
 
 

@@ -44,7 +44,13 @@ class TaskError(ValueError):
 
 @dataclass
 class Task:
-    """A few-shot task: (input, output) string pairs in three splits."""
+    """A few-shot task: (input, output) string pairs in three splits.
+
+    Example:
+        >>> task = Task("opposites", train=[("hot", "cold")], valid=[], test=[("tall", "short")])
+        >>> task.split("test"), task.case_sensitive
+        ([('tall', 'short')], False)
+    """
 
     name: str
     train: list[Pair]
@@ -221,13 +227,24 @@ def load_task_file(path: str | Path, name: str | None = None) -> Task:
 
 
 def builtin_tasks() -> list[str]:
-    """Names of the tasks shipped with site-lens (written by its authors)."""
+    """Names of the tasks shipped with site-lens (written by its authors).
+
+    Example:
+        >>> "uppercase" in builtin_tasks()
+        True
+    """
     root = resources.files("site_lens") / "data" / "tasks"
     return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
 
 
 def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> Task:
-    """Load a task by built-in name, by name under ``data_dir``, or by path (folder or .json)."""
+    """Load a task by built-in name, by name under ``data_dir``, or by path (folder or .json).
+
+    Example:
+        >>> task = load_task("uppercase")
+        >>> task.train[0], len(task.test)
+        (('capital', 'CAPITAL'), 101)
+    """
     if not str(name_or_path).strip():
         raise TaskError("unknown task '': give a built-in task name, a task under --data, or a path")
     if data_dir is not None:
@@ -341,12 +358,27 @@ def format_demo(x: str, y: str) -> str:
 
 
 def format_query(x: str) -> str:
-    """The zero-shot query: 'Q: {x}\\nA:' (no trailing space; the answer starts with one)."""
+    """The zero-shot query: 'Q: {x}\\nA:' (no trailing space; the answer starts with one).
+
+    Example:
+        >>> print(format_query("hot"))
+        Q: hot
+        A:
+    """
     return f"Q: {x}\nA:"
 
 
 def build_prompt(demos: Sequence[Pair], query: str) -> str:
-    """Demonstrations followed by the query."""
+    """Demonstrations followed by the query.
+
+    Example:
+        >>> print(build_prompt([("hot", "cold")], "tall"))
+        Q: hot
+        A: cold
+        <BLANKLINE>
+        Q: tall
+        A:
+    """
     return "".join(format_demo(x, y) for x, y in demos) + format_query(query)
 
 

@@ -130,8 +130,9 @@ def load_model(
         engine: ``"hooked"`` (TransformerLens 3.x's HookedTransformer, the default there) or
             ``"bridge"`` (TransformerBridge around the native transformers model; the only
             engine on TransformerLens 4). Both load without weight processing.
-        device_map, max_memory: the bridge only: accelerate's placement, e.g.
+        device_map: the bridge only: accelerate's placement, e.g.
             ``{"model.layers.0": "cuda:0", ..., "lm_head": "cpu"}`` or ``"auto"``.
+        max_memory: the bridge only: accelerate's memory limit per device, with ``device_map``.
     """
     engine = check_engine(engine)
     if engine == "bridge" and n_devices != 1:

@@ -39,7 +39,13 @@ def build_cfg(**overrides: Any) -> Any:
 
 
 def tiny_model(tokenizer: Any = None, **overrides: Any) -> Model:
-    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer."""
+    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer.
+
+    Example:
+        >>> model = tiny_model()
+        >>> model.cfg.n_layers, model.cfg.n_heads
+        (2, 4)
+    """
     cfg = build_cfg(**overrides)
     model = finalize(new_hooked(cfg, tokenizer))
     return register(model, f"tiny-{cfg.n_layers}x{cfg.n_heads}", processing=PROCESSING_FLAGS)
