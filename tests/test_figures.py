@@ -400,3 +400,53 @@ def test_minimal_figures_say_what_they_draw(tmp_path, monkeypatch):
     assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0  # under the axes, not on the data
     refs = {s.name for s in fig.layout.shapes if s.showlegend}
     assert refs == {"SITE (1)", "target (0.9)", "zero-shot (0)"}
+
+
+def test_figures_and_analyse_take_an_adapter_folder(tmp_path, model, capsys):
+    """An adapter folder (sl.save_adapter) is a run of its own: task, source and history from its meta."""
+    import dataclasses
+
+    from small import SMALL_EMBEDDING, SMALL_SITE
+
+    from site_lens import fit_site, load_task
+
+    folder = tmp_path / "opposites-adapter"
+    cfg = dataclasses.replace(SMALL_SITE, embedding=dataclasses.replace(SMALL_EMBEDDING, n_shots=2))  # tiny context
+    save_adapter(fit_site(model, load_task("opposites"), cfg).adapter, folder)
+    (run,) = find_runs(folder)
+    assert (run.name, run.path, run.results["task_source"]) == ("opposites", folder, "builtin:opposites")
+    assert main(["figures", "--runs", str(folder), "--out", str(tmp_path / "f1")]) == 0
+    stems = {Path(p).stem for p in (tmp_path / "f1").iterdir()}
+    assert {"alpha_opposites", "training_opposites", "alpha_histogram"} <= stems
+    analyse_runs(model, [run], max_items=4, cie_prompts=2, draws=1, n_shots=2)  # what `analyse --runs FOLDER` does
+    assert (folder / PATCHING_FILE).is_file() and (folder / CIE_FILE).is_file()
+    capsys.readouterr()
+    assert main(["figures", "--runs", str(folder), "--out", str(tmp_path / "f2")]) == 0
+    out = capsys.readouterr().out
+    assert {"patching_opposites", "alpha_cie_opposites"} <= {Path(p).stem for p in (tmp_path / "f2").iterdir()}
+    total = model.cfg.n_layers * model.cfg.n_heads
+    table = out.split("[patching]")[1].split("\n\n")[0]
+    ks = {int(line.split()[1]) for line in table.splitlines()[2:] if line.strip()}
+    assert ks == set(k_sweep(total))  # every k measured, the largest included
+
+
+def test_an_adapter_folder_of_a_run_is_the_run(tmp_path, model):
+    _fake_runs(tmp_path / "runs", model)
+    (run,) = find_runs(tmp_path / "runs" / "sub" / "uppercase" / "adapter")
+    assert run.path == tmp_path / "runs" / "sub" / "uppercase" and run.results["model"] == "tiny"
+
+
+def test_figures_refuse_what_is_neither_runs_nor_an_adapter_in_one_line(tmp_path, model, capsys):
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    ad = Adapter(t=torch.zeros(*shape, model.cfg.d_head), theta=torch.zeros(shape), model=model_identity(model))
+    save_adapter(ad, tmp_path / "no-task")  # meta records no task
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "cfg.json").write_text("{")
+    cases = {"no-task": "records no task", "broken": "missing from the adapter folder", "missing": "no such folder"}
+    for name, message in cases.items():
+        assert main(["figures", "--runs", str(tmp_path / name), "--out", str(tmp_path / "f")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("site-lens: error: ") and message in err and err.count("\n") == 1, err
+    (tmp_path / "empty").mkdir()
+    assert main(["figures", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "f")]) == 2
+    assert "no adapter folder" in capsys.readouterr().err

@@ -128,7 +128,7 @@ def test_patching_curves_join_measured_k_only_and_keep_all_heads_apart():
     assert all_heads.xaxis == "x2" and np.isclose(all_heads.y[0], 0.05)  # its own panel, not the curve's end
     bands = [t for t in fig.data if t.fill == "toself"]
     assert len(bands) == 3 and all(list(b.x) == [1, 2, 4, 8, 8, 4, 2, 1] for b in bands)
-    assert any(t.name == "band: min-max of 3 tasks" for t in fig.data)
+    assert any(t.name == "min-max of 3 tasks" for t in fig.data)
     assert fig.layout.xaxis.title.text == "heads patched (k)"
     assert fig.layout.yaxis.title.text == "recovery of SITE's answer probability"
     refs = {s.name for s in fig.layout.shapes if s.showlegend}  # reference lines named in the legend
@@ -138,7 +138,7 @@ def test_patching_curves_join_measured_k_only_and_keep_all_heads_apart():
 def test_patching_curves_one_task_bands_the_random_draws():
     fig = patching_curves(_sweep(tasks=("a",)).drop(columns="task"))
     bands = [t for t in fig.data if t.fill == "toself"]
-    assert len(bands) == 1 and any(t.name == "band: min-max of 3 draws" for t in fig.data)
+    assert len(bands) == 1 and any(t.name == "min-max of 3 draws" for t in fig.data)
 
 
 def test_alpha_cie_scatter_puts_small_effects_in_units():

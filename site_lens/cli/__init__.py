@@ -73,7 +73,8 @@ EXAMPLES = {
   site-lens bench-merge runs/bench/shard0 runs/bench/shard1 --out runs/bench/smollm2-135m""",
     "analyse": """examples:
   site-lens analyse --runs runs/fv --data data/fv
-  site-lens figures --runs runs/fv   # then draw, into runs/figures""",
+  site-lens figures --runs runs/fv   # then draw, into runs/figures
+  site-lens analyse --runs runs/uppercase-adapter   # one adapter folder (sl.save_adapter), a built-in task""",
     "sparsify": """examples:
   site-lens sparsify --data data/fv --tasks antonym,capitalize --seeds 0,1,2 --out runs/sparse
   site-lens sparsify --data data/fv --tasks antonym --penalties l0 --weights-l0 0.003,0.01 --shared
@@ -97,6 +98,7 @@ EXAMPLES = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``site-lens`` argument parser, one subparser per command."""
+  site-lens figures --runs runs/uppercase-adapter                       # one adapter folder: its alpha map
     parser = argparse.ArgumentParser(
         prog="site-lens",
         description=textwrap.fill(DESCRIPTION, 80),
@@ -246,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runs",
         required=True,
-        help="folder searched recursively for run folders (results.json + adapter/); the analyses are written into them",
+        help="folder searched recursively for run folders (results.json + adapter/), or one adapter folder (its task "
+        "from the adapter; --data for a task from a data folder); the analyses are written into them",
     )
     model_args(p)
     data_arg(p)
@@ -328,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runs",
         default=None,
-        help="folder searched recursively for run folders (after analyse: patching, CIE, transfer)",
+        help="folder searched recursively for run folders, or one adapter folder (after analyse: patching, CIE, "
+        "transfer)",
     )
     p.add_argument(
         "--bench", type=comma_list, default=None, help="comma list of bench output folders (each with rows.csv)"

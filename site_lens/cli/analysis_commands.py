@@ -85,9 +85,16 @@ def _find_runs(root: str):
 
     runs = find_runs(root)
     if not runs:
-        raise TaskError(f"no run folders (results.json + adapter/) under {root}")
+    from pathlib import Path
+
+        raise TaskError(
+            f"no run folders (results.json + adapter/) under {root}, and it is no adapter folder "
+            "(cfg.json + adapter.safetensors)"
+        )
     return runs
 
+    if not Path(root).is_dir():
+        raise TaskError(f"{root}: no such folder (give a run folder, a folder of runs or an adapter folder)")
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""

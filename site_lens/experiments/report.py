@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..adapter import Adapter, load_adapter
+from ..adapter import CFG_FILE, WEIGHTS_FILE, Adapter, load_adapter
 from ..files import plain_modes
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,16 @@ class Run:
 
 
 def find_runs(root: str | Path) -> list[Run]:
-    """Every folder under ``root`` (itself included) holding results.json and adapter/, by task name."""
+    """Every folder under ``root`` (itself included) holding results.json and adapter/, by task name.
+
+    ``root`` may also be one adapter folder (cfg.json + adapter.safetensors, as ``save_adapter``
+    writes): the run folder whose adapter/ it is, else the adapter on its own (``adapter_run``).
+    """
     root = Path(root)
+    if (root / CFG_FILE).is_file() or (root / WEIGHTS_FILE).is_file():
+        if root.name == "adapter" and (root.parent / "results.json").is_file():
+            return find_runs(root.parent)
+        return [adapter_run(root)]
     runs = []
     for res in sorted(root.rglob("results.json")):
         d = res.parent
@@ -67,6 +75,25 @@ def find_runs(root: str | Path) -> list[Run]:
         results = json.loads(res.read_text())
         runs.append(Run(d, str(results.get("task", d.name)), results, load_adapter(d / "adapter")))
     return runs
+
+
+def adapter_run(path: str | Path) -> Run:
+    """A ``Run`` of a bare adapter folder: the task, its source and the training history from the adapter's meta.
+
+    Its analyses (patching.csv, cie.safetensors) are written into the folder itself.
+    """
+    from ..tasks import TaskError
+
+    path = Path(path)
+    adapter = load_adapter(path)
+    meta = adapter.meta
+    name = meta.get("task")
+    if not isinstance(name, str) or not name:
+        raise TaskError(f"{path}: the adapter records no task (cfg.json has no meta.task), so no task to analyse it on")
+    results: dict[str, Any] = {"task": name, "task_source": meta.get("task_source"), "model": adapter.model.get("name")}
+    if isinstance(meta.get("history"), dict):
+        results["history"] = meta["history"]
+    return Run(path, name, results, adapter)
 
 
 # ---------------------------------------------------------------- analyses (need the model)
@@ -132,9 +159,10 @@ def _common_root(paths: Sequence[Path]) -> Path:
 
 
 def summarise(
-    runs: Sequence[Run], categories: dict[str, str] | None = None, ks: Sequence[int] = (1, 4, 16, 64)
+    runs: Sequence[Run], categories: dict[str, str] | None = None, ks: Sequence[int] | None = None
 ) -> dict[str, pd.DataFrame]:
-    """Headline tables: per-task alpha shares, accuracies, alpha-CIE correlation; patching recovery at ``ks``; overlap.
+    """Headline tables: per-task alpha shares, accuracies, alpha-CIE correlation; patching recovery at ``ks``
+    (default: every k the sweeps measured, up to all heads); overlap.
 
     ``categories`` (task -> category) default to each run's recorded category, else ``tasks.category``.
     """
@@ -159,7 +187,8 @@ def summarise(
     frames = [r.patching for r in runs if r.patching is not None]
     if frames:
         df = pd.concat(frames, ignore_index=True)
-        d = df[df.condition.isin(["top", "bottom", "random"]) & df.k.isin(list(ks))]
+        d = df[df.condition.isin(["top", "bottom", "random"])]
+        d = d if ks is None else d[d.k.isin(list(ks))]
         out["patching"] = (
             d.groupby(["condition", "k"])[["recovery_prob", "recovery_acc", "acc", "prob"]].mean().reset_index()
         )

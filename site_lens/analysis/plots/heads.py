@@ -132,7 +132,7 @@ def patching_curves(
     ref = str(d["reference"].iloc[0]) if "reference" in d and len(d) else "site"
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.83, 0.17], horizontal_spacing=0.03)
     n_draws = int(sweep.loc[sweep["condition"] == "random", "draw"].nunique())
-    band_label = f"band: min-max of {n_tasks} tasks" if n_tasks > 1 else f"band: min-max of {n_draws} draws"
+    band_label = f"min-max of {n_tasks} tasks" if n_tasks > 1 else f"min-max of {n_draws} draws"  # a grey square
     band_shown = False
     for cond, name in PATCH_NAMES.items():
         src = per_task if n_tasks > 1 else sweep.groupby(["condition", "k", "draw"], as_index=False)[metric].mean()

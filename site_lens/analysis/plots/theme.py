@@ -92,12 +92,16 @@ def legend_below(fig: go.Figure, axis_px: int = 50) -> go.Figure:
     """Put the legend in rows along the figure's bottom edge, clear of the data, and add its height to margin.b.
 
     ``axis_px`` is what the x axis needs under the plot (ticks and title). The rows are
-    estimated from the entries' text, wrapped as plotly wraps a horizontal legend.
+    estimated from the entries' text in the widest font the theme may be drawn in; a legend
+    of several rows gets columns of one fixed share of the width (``entrywidth``), so it has
+    those rows in whichever font the browser finds.
     """
     names = [t.name or f"trace {i}" for i, t in enumerate(fig.data) if t.showlegend is not False]
     names += [s.name or "" for s in fig.layout.shapes if s.showlegend]  # reference lines with a legend entry
-    rows = _legend_rows(names, (fig.layout.width or COLUMN) - 10)
+    rows, cols = _legend_rows(names, _legend_room(fig))
     legend = dict(orientation="h", xref="container", yref="container", x=0.01, y=0.0, xanchor="left")
+    if rows > 1:
+        legend.update(entrywidth=0.98 / cols, entrywidthmode="fraction")
     fig.update_layout(
         legend=dict(legend, yanchor="bottom", traceorder="normal"),
         margin_b=axis_px + rows * (FONT_SMALL + 8) + 4,
@@ -116,20 +120,51 @@ _WIDTHS = [
 ]  # fmt: skip
 
 
-def _text_px(text: str, size: float = FONT_SMALL) -> float:
-    """The width in px of one line of ``text`` in the house font at ``size`` px (tags left out; 5 % to spare)."""
-    plain = re.sub(r"<[^>]+>", "", text)
-    return 1.05 * size / 1000 * sum(_WIDTHS[ord(c) - 32] if 32 <= ord(c) < 127 else 600 for c in plain)
+# The same for DejaVu Sans, which a machine without Liberation Sans or Arial (Debian's default) draws instead:
+# about 13 % wider
+_WIDTHS_DEJAVU = [
+    318, 401, 460, 838, 636, 950, 780, 275, 390, 390, 500, 838, 318, 361, 318, 337, 636, 636, 636, 636, 636, 636,
+    636, 636, 636, 636, 337, 337, 838, 838, 838, 531, 1000, 684, 686, 698, 770, 632, 575, 775, 752, 295, 295, 656,
+    557, 863, 748, 787, 603, 787, 695, 635, 611, 732, 684, 989, 685, 611, 685, 390, 337, 390, 838, 500, 500, 613,
+    635, 550, 635, 615, 352, 635, 634, 278, 278, 579, 278, 974, 634, 612, 635, 635, 411, 521, 392, 634, 592, 818,
+    592, 592, 525, 636, 337, 636, 838,
+]  # fmt: skip
+# the fonts a figure may be drawn in (the template asks for Liberation Sans, then Arial; else the browser's sans-serif)
+FONT_WIDTHS = {"Liberation Sans": _WIDTHS, "DejaVu Sans": _WIDTHS_DEJAVU}
+_WIDEST = [max(w) for w in zip(*FONT_WIDTHS.values())]
+_OTHER = {"Liberation Sans": 680, "DejaVu Sans": 840}  # any other character: about a wide letter's width
 
 
-def _legend_rows(names: list[str], width: Real) -> int:
-    """Rows of a horizontal legend, as plotly lays one out: one row if every entry fits, else a grid of the widest."""
+def _text_px(text: str, size: float = FONT_SMALL, font: str | None = None) -> float:
+    """The width in px of one line of ``text`` at ``size`` px (tags left out; 5 % to spare).
+
+    In ``font`` (a key of ``FONT_WIDTHS``), or by default in the widest of them, character by character: a
+    layout made with this width holds in any of them.
+    """
+    plain = re.sub(r"<[^>]+>", "", text).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+    widths = FONT_WIDTHS[font] if font else _WIDEST
+    other = _OTHER[font] if font else max(_OTHER.values())
+    return 1.05 * size / 1000 * sum(widths[ord(c) - 32] if 32 <= ord(c) < 127 else other for c in plain)
+
+
+def _legend_room(fig: go.Figure) -> float:
+    """The width plotly wraps a horizontal legend at, the plot area's, less 50 px that automargin may take."""
+    base = fig.layout.template.layout.margin if fig.layout.template is not None else None
+    side = [
+        next((v for v in (getattr(fig.layout.margin, k), getattr(base, k, None)) if v is not None), 80) for k in "lr"
+    ]
+    return (fig.layout.width or COLUMN) - sum(side) - 50
+
+
+def _legend_rows(names: list[str], width: Real) -> tuple[int, int]:
+    """(rows, columns) of a horizontal legend ``width`` px wide: one row if every entry fits, else a grid of the widest."""
     widths = [40 + _text_px(n) + 5 for n in names]  # the symbol and its gap, the text, the gap to the next entry
     if not widths:
-        return 0
+        return 0, 0
     if sum(widths) < width:
-        return 1
-    return math.ceil(len(widths) / max(1, int(width // max(widths))))
+        return 1, len(widths)
+    cols = max(1, int(width // max(widths)))
+    return math.ceil(len(widths) / cols), cols
 
 
 def note(text: str) -> str:
@@ -195,11 +230,68 @@ def _category_key(c: str) -> tuple[int, str]:
     return (CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else len(CATEGORY_ORDER) + (c == "other"), c)
 
 
+# ---------------------------------------------------------------- text that fits
+
+_SPAN = re.compile(r"(<span style='font-size:(\d+)px'>)([^<]*)(</span>)")
+
+
+def _wrap(text: str, size: float, room: float) -> str:
+    """``text`` with every line longer than ``room`` px (``_text_px``) broken at spaces into lines that fit.
+
+    A line is plain text at ``size`` px or one ``note`` span at its own size; other markup is left as it is.
+    """
+    out = []
+    for line in text.split("<br>"):
+        m = _SPAN.fullmatch(line)
+        pre, px, inner, post = (m[1], float(m[2]), m[3], m[4]) if m else ("", size, line, "")
+        if _text_px(inner, px) <= room or (not m and "<" in line):
+            out.append(line)
+            continue
+        pieces: list[str] = []
+        for word in inner.split(" "):
+            if pieces and _text_px(f"{pieces[-1]} {word}", px) <= room:
+                pieces[-1] = f"{pieces[-1]} {word}"
+            else:
+                pieces.append(word)
+        out += [f"{pre}{piece}{post}" for piece in pieces]
+    return "<br>".join(out)
+
+
+def fit_text(fig: go.Figure) -> go.Figure:
+    """Break every axis and colour-bar title longer than its axis or colour bar into lines that fit; returns ``fig``.
+
+    Lengths are measured in the widest font the theme may be drawn in (``FONT_WIDTHS``: Liberation Sans,
+    Arial's metrics, or DejaVu Sans where neither is installed), so no title runs off the figure's edge in
+    any of them. ``save_figure`` and ``show`` call it; it changes nothing that fits already.
+    """
+    lay = fig.layout
+    base = lay.template.layout.margin if lay.template is not None else None
+    margin = {k: getattr(lay.margin, k) for k in "lrtb"}
+    for k, v in margin.items():
+        margin[k] = v if v is not None else getattr(base, k, None) if base is not None else None
+        margin[k] = 80 if margin[k] is None else margin[k]  # plotly's defaults (100 at the top)
+    plot_w = (lay.width or 700) - margin["l"] - margin["r"]
+    plot_h = (lay.height or 450) - margin["t"] - margin["b"]
+    for axes, length in ((fig.select_xaxes(), plot_w), (fig.select_yaxes(), plot_h)):
+        for ax in axes:
+            if ax.title.text:
+                d0, d1 = ax.domain or (0, 1)
+                ax.title.text = _wrap(ax.title.text, ax.title.font.size or FONT, length * (d1 - d0))
+    for trace in fig.data:
+        bars = [getattr(trace, "colorbar", None), getattr(getattr(trace, "marker", None), "colorbar", None)]
+        for bar in (b for b in bars if b is not None and b.title.text):
+            room = bar.len if bar.lenmode == "pixels" else plot_h * (bar.len if bar.len is not None else 1)
+            bar.title.text = _wrap(bar.title.text, bar.title.font.size or FONT, room)
+    return fig
+
+
 PLOTLY_JS = "plotly.min.js"  # written once per output folder; every HTML file there loads it by this relative name
 
 
 def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     """Write STEM.html, and STEM.png if static export works here; returns the figure's files written.
+
+    Titles too long for their axis are broken into lines first (``fit_text``).
 
     The HTML opens offline: it loads plotly.js from ``plotly.min.js`` next to it (written
     with the first figure in a folder, or when the installed plotly's differs), not from
@@ -207,6 +299,7 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    fit_text(fig)
     _write_plotly_js(stem.parent)
     written = [stem.with_suffix(".html")]
     fig.write_html(str(written[0]), include_plotlyjs=PLOTLY_JS)
@@ -244,6 +337,7 @@ def show(fig: go.Figure, scale: float = SCALE):
     """
     from IPython.display import Image, display
 
+    fit_text(fig)
     try:
         display(Image(fig.to_image(format="png", scale=scale)))
     except Exception as e:  # no kaleido or no browser
