@@ -353,8 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    from ..progress import shown
+
     try:
-        return int(args.func(args) or 0)
+        with shown():  # a bar on a terminal, else one line per finished unit on stderr
+            return int(args.func(args) or 0)
     except _user_errors() as e:
         print(f"site-lens: error: {e}", file=sys.stderr)
         return 2

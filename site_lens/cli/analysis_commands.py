@@ -23,6 +23,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from ..experiments.minimal_report import write_summaries
     from ..experiments.sweep import add_attribution, is_done, minimal_sets, settings_differ, write_minimal
     from ..models import load_model
+    from ..progress import Progress, write
     from ..tasks import TaskError, load_task
 
     cfg = site_config_from_args(args)
@@ -41,34 +42,38 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_writable(out)
     model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
-    for name in tasks:
-        task = load_task(name, args.data)
-        for seed in seeds:
-            folder = out / name / f"seed{seed}"
-            settings = dict(
-                weights=weights,
-                path_steps=args.path_steps,
-                ks=args.ks,
-                draws=args.draws,
-                rankings=args.rankings_seeds is None or seed in args.rankings_seeds,
-                max_valid=args.score_valid,
-                max_test=cfg.eval.max_test if cfg.eval else 100,
-            )
-            if is_done(folder) and not args.redo:
-                recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(args.ks)}
-                recorded["config"] = dataclasses.replace(cfg, seed=seed).to_dict()
-                differ = settings_differ(folder, recorded)
-                if differ:
-                    raise TaskError(f"{folder} was made with other {', '.join(differ)}; use --redo or another --out")
-                added = add_attribution(model, task, folder) if settings["rankings"] else None
-                more = f"; attribution's ranking added ({added:.1f} s)" if added is not None else ""
-                print(f"{name} seed {seed}: done already ({folder}){more}", flush=True)
-                continue
-            t0 = time.perf_counter()
-            result = minimal_sets(model, task, seed, cfg=site_config_from_args(args), **settings)
-            write_minimal(result, folder)
-            sizes = ", ".join(f"{s['penalty']} w={s['weight']:g}: {s['n_mask']}" for s in result.info["sparse"])
-            print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; heads in the masks: {sizes}", flush=True)
+    with Progress(len(tasks) * len(seeds), "sparsify", unit="task seed") as progress:
+        for name in tasks:
+            task = load_task(name, args.data)
+            for seed in seeds:
+                folder = out / name / f"seed{seed}"
+                settings = dict(
+                    weights=weights,
+                    path_steps=args.path_steps,
+                    ks=args.ks,
+                    draws=args.draws,
+                    rankings=args.rankings_seeds is None or seed in args.rankings_seeds,
+                    max_valid=args.score_valid,
+                    max_test=cfg.eval.max_test if cfg.eval else 100,
+                )
+                if is_done(folder) and not args.redo:
+                    recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(args.ks)}
+                    recorded["config"] = dataclasses.replace(cfg, seed=seed).to_dict()
+                    differ = settings_differ(folder, recorded)
+                    if differ:
+                        raise TaskError(f"{folder} was made with other {', '.join(differ)}; use --redo or another --out")
+                    added = add_attribution(model, task, folder) if settings["rankings"] else None
+                    more = f"; attribution's ranking added ({added:.1f} s)" if added is not None else ""
+                    progress.skip()
+                    write(f"{name} seed {seed}: done already ({folder}){more}")
+                    continue
+                progress.start(f"{name} seed {seed}")
+                t0 = time.perf_counter()
+                result = minimal_sets(model, task, seed, cfg=site_config_from_args(args), **settings)
+                write_minimal(result, folder)
+                sizes = ", ".join(f"{s['penalty']} w={s['weight']:g}: {s['n_mask']}" for s in result.info["sparse"])
+                progress.done(f"{name} seed {seed}: minimal sets written")
+                write(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; heads in the masks: {sizes}")
     if args.shared:
         from ..experiments.sweep import run_shared
 

@@ -29,19 +29,18 @@ def check_writable(out: Path) -> None:
 
 
 def _progress_bar(total: int, desc: str) -> tuple[Callable[[int, float], None], Callable[[], None]]:
-    """A training bar that appears at the first step, so one-time setup is not counted as steps."""
-    from tqdm.auto import tqdm
+    """Training steps: a bar that appears at the first step (so one-time setup is not counted as steps),
+    or without a terminal a line every tenth of the steps."""
+    from ..progress import Progress
 
     state: dict[str, Any] = {}
-    disable = not sys.stderr.isatty() and "CI" in os.environ
 
     def update(step: int, loss: float) -> None:
         if "bar" not in state:  # created at step 1: the rate and the time left count steps only
-            state["bar"] = tqdm(total=total, initial=1, desc=desc, leave=False, file=sys.stderr, disable=disable)
+            state["bar"] = Progress(total, desc, unit="step", every=max(1, total // 10))
+            state["bar"].skip()
             return
-        state["bar"].update(1)
-        if step % 10 == 0:
-            state["bar"].set_postfix(loss=f"{loss:.3f}")
+        state["bar"].done(f"{desc}, loss {loss:.3f}")
 
     def close() -> None:
         if "bar" in state:
@@ -315,6 +314,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     part = args.shard or bench.slurm_shard()
     if part and not args.shard:
         print(f"Slurm job array: shard {part}", flush=True)
+    from ..progress import write
     require_data_for_fv(args.tasks, args.data)
     tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), part)
     seeds = args.seeds or [cfg.seed]
@@ -324,11 +324,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.model, device=args.device, dtype=args.dtype, n_devices=args.n_devices, engine=getattr(args, "engine", None)
     )
 
-    def report(r: dict[str, Any]) -> None:
-        print(
+    def report(r: dict[str, Any]) -> None:  # a table line on stdout (the progress line goes to stderr)
+        write(
             f"{r['task']:<26} {r['method']:<10} first-tok {r['first_token_acc']:.3f} exact {r['exact_match']:.3f} "
-            f"n {r['n_test']:>4} params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q",
-            flush=True,
+            f"n {r['n_test']:>4} params {r['n_trainable']:>9,} fit {r['fit_seconds']:7.1f}s {r['ms_per_query']:7.1f} ms/q"
         )
 
     if "site" in methods:

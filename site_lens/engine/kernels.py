@@ -9,9 +9,10 @@ splits its rows between ``torch.get_num_threads()`` threads (measured in
 BENCHMARKS.md). Their autograd, and a weightless RMSNorm's, is written in C++:
 a Python ``autograd.Function`` costs as much per call as a small product.
 
-The kernel is built once per source, torch version, interpreter (venv) and CPU with
+The kernel is built once per source, torch build, Python version and CPU with
 ``torch.utils.cpp_extension`` (needs a C++ compiler and ninja) into
-``$SITE_LENS_CACHE/ext`` (safe to delete). Where it cannot be built, or with
+``$SITE_LENS_CACHE/ext`` (safe to delete; ``build_dir``), saying so on stderr (about half a
+minute); venvs with the same torch build share that build. Where it cannot be built, or with
 ``SITE_LENS_KERNELS=0``, ``row_matmul`` and ``rows_matmul`` are ``x @ W``, ``rms_norm`` torch's, and
 everything still runs.
 No weight gradients are computed by the kernel (the model is frozen); a
@@ -38,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
+
+from ..progress import note
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,44 @@ def _take_turn(out: Path):
     return turn
 
 
+def build_dir() -> Path:
+    """The kernels' build folder for this torch build, interpreter and CPU, under ``$SITE_LENS_CACHE/ext``.
+
+    Its name says the torch and Python versions, then a hash of the source, torch's version, git
+    revision and C++ ABI, the interpreter's version and extension suffix, and the CPU's flags
+    (``-march=native``): venvs with another torch or Python get folders of their own, and venvs with
+    the same torch build share one (a finished build is loaded as it is, see ``_built``).
+    """
+    from ..models import default_cache_dir
+
+    abi = f"{torch.__version__} {torch.version.git_version} {torch._C._GLIBCXX_USE_CXX11_ABI}"
+    py = f"{sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}"
+    key = hashlib.sha256(SOURCE.read_bytes() + abi.encode() + py.encode() + _cpu_key()).hexdigest()[:16]
+    version = "".join(c if c.isalnum() or c in ".+" else "_" for c in torch.__version__)
+    return default_cache_dir() / "ext" / f"kernels-torch{version}-py{sys.version_info[0]}{sys.version_info[1]}-{key}"
+
+
+def _built(out: Path, name: str):
+    """The module a finished build in ``out`` holds, imported as it is, or None (none yet, or it does not load).
+
+    Not through torch's ``load``: its build.ninja names the headers of the venv that wrote it, so
+    another venv with the same torch build would compile the same source again.
+    """
+    import importlib.util
+
+    path = out / f"{name}.so"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception as e:  # a build cut short: torch's build below makes it again
+        log.info("%s does not load (%s); building it again", path, e)
+        return None
+
+
 def load():
     """The compiled kernel module, or None where it is switched off or cannot be built (logged once)."""
     if _state["tried"]:
@@ -96,23 +137,22 @@ def load():
         return None
     turn = None
     try:
-        from torch.utils.cpp_extension import load as build
-
-        from ..models import default_cache_dir
-
-        # the interpreter's folder too: build.ninja names that venv's headers, so two venvs never share a build
-        abi = (sys.version + str(sysconfig.get_config_var("EXT_SUFFIX")) + sys.prefix).encode()
-        key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + abi + _cpu_key()).hexdigest()[:16]
-        out = default_cache_dir() / "ext" / f"kernels-{key}"
+        out = build_dir()
+        key = out.name.rsplit("-", 1)[1]
         out.mkdir(parents=True, exist_ok=True)
         turn = _take_turn(out)
+        _state["ext"] = _built(out, f"site_lens_kernels_{key}")
+        if _state["ext"] is not None:
+            return _state["ext"]
+        from torch.utils.cpp_extension import load as build
+
         src = out / SOURCE.name  # build from a copy, so every checkout sharing the cache writes the same build.ninja
         if not src.exists():  # (the key is the source's hash: an existing copy is this source)
             tmp = out / f"{SOURCE.name}.{os.getpid()}.tmp"
             tmp.write_bytes(SOURCE.read_bytes())
             tmp.replace(src)
-        if not any(out.glob("*.so")):
-            log.info("building the C++ kernels once (about 25 s) in %s", out)
+        note("compiling site-lens's C++ kernels for this torch (first use, about half a minute)...")
+        t0 = time.perf_counter()
         if shutil.which("ninja") is None:  # a pip-installed ninja lives next to the interpreter
             os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
         _state["ext"] = build(
@@ -123,6 +163,7 @@ def load():
             build_directory=str(out),
             verbose=False,
         )
+        note(f"compiled the C++ kernels in {time.perf_counter() - t0:.0f} s (kept in {out})")
     except Exception as e:
         log.warning("C++ kernels unavailable, using torch's matmul: %s", str(e).splitlines()[0] if str(e) else e)
     finally:

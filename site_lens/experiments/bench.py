@@ -40,6 +40,7 @@ from ..locks import Locks, owner_tag, temp_is_orphan
 from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
 from ..models.engines import Model
+from ..progress import Progress
 from ..tasks import TaskError, builtin_tasks, load_task
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 
@@ -334,34 +335,43 @@ def run_bench(
          "config": cfg.to_dict(), "row_specs": {m: row_spec(ident["name"], cfg, m, dtype) for m in methods}},
         locks,
     )
-    for name in tasks:
-        task = None
-        for seed in seeds:
-            ctx = None  # shared by the methods of this (task, seed), made when one runs here
-            for m in methods:
-                spec_m = row_spec(ident["name"], cfg, m, dtype)
-                path = row_path(out, name, seed, m)
-                if is_done(path, spec_m):
-                    continue
-                with locks.hold(lock_path(out, name, seed, m)) as mine:
-                    if not mine:
-                        log.info("%s seed %d %s: another process is on it, skipped", name, seed, m)
+    with Progress(len(tasks) * len(seeds) * len(methods), "bench", unit="row") as progress:
+        for name in tasks:
+            task = None
+            for seed in seeds:
+                ctx = None  # shared by the methods of this (task, seed), made when one runs here
+                for m in methods:
+                    spec_m = row_spec(ident["name"], cfg, m, dtype)
+                    path = row_path(out, name, seed, m)
+                    if is_done(path, spec_m):
+                        progress.skip()
                         continue
-                    if is_done(path, spec_m):  # finished while this process was looking
-                        continue
-                    task = task or load_task(name, data_dir=data_dir)
-                    ctx = ctx or TaskContext(task, seed, cfg.embedding)
-                    method = factories[m]() if factories is not None else configured(m, cfg)
-                    row = fit_and_score(model, method, task, seed, ctx, cfg.eval)
-                    on_disk = {**row, "spec": spec_m, "computed_by": owner_tag()}  # computed_by: host.pid
-                    if not locks.still_held(lock_path(out, name, seed, m)):
-                        log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
-                        continue
-                    write_json_atomic(path, on_disk)
-                    if ctx._mean_z is not None and not t_path(out, name, seed).is_file():
-                        keep_t(out, name, seed, ctx._mean_z, ident["name"], cfg.embedding)
-                if report is not None:
-                    report(on_disk)
+                    with locks.hold(lock_path(out, name, seed, m)) as mine:
+                        if not mine:
+                            log.info("%s seed %d %s: another process is on it, skipped", name, seed, m)
+                            progress.skip()
+                            continue
+                        if is_done(path, spec_m):  # finished while this process was looking
+                            progress.skip()
+                            continue
+                        progress.start(f"{name} seed {seed} {m}")
+                        task = task or load_task(name, data_dir=data_dir)
+                        ctx = ctx or TaskContext(task, seed, cfg.embedding)
+                        method = factories[m]() if factories is not None else configured(m, cfg)
+                        row = fit_and_score(model, method, task, seed, ctx, cfg.eval)
+                        on_disk = {**row, "spec": spec_m, "computed_by": owner_tag()}  # computed_by: host.pid
+                        if not locks.still_held(lock_path(out, name, seed, m)):
+                            log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
+                            progress.done(f"{name} seed {seed} {m}: dropped (lock taken over)")
+                            continue
+                        write_json_atomic(path, on_disk)
+                        if ctx._mean_z is not None and not t_path(out, name, seed).is_file():
+                            keep_t(out, name, seed, ctx._mean_z, ident["name"], cfg.embedding)
+                    progress.done(
+                        f"{name} seed {seed} {m}: prefix {row['exact_match']:.2f} strict {row['strict_match']:.2f}"
+                    )
+                    if report is not None:
+                        report(on_disk)
     return write_summary(out, locks=locks)
 
 

@@ -115,29 +115,41 @@ def analyse_runs(
     from ..analysis.overlap import transfer_matrix
     from ..analysis.patching import head_patching_sweep
     from ..models import model_identity
+    from ..progress import Progress
     from ..stages.cie import causal_indirect_effect
     from ..tasks import load_task
 
     tasks = {}
-    for run in runs:
-        src = str(run.results.get("task_source") or "")
-        if data_dir:
-            task = load_task(run.name, data_dir=data_dir)
-        else:
-            task = load_task(run.name if not src or src.startswith("builtin:") else src)
-        tasks[run.name] = task
-        run.adapter.check_model(model_identity(model))
-        if redo or not (run.path / PATCHING_FILE).is_file():
-            df = head_patching_sweep(model, task, run.adapter, draws=draws, max_items=max_items)
-            df.to_csv(run.path / PATCHING_FILE, index=False)
-        if redo or not (run.path / CIE_FILE).is_file():
-            cie = causal_indirect_effect(model, task, run.adapter.t, n_prompts=cie_prompts, n_shots=n_shots)
-            save_file({"cie": cie.contiguous()}, str(run.path / CIE_FILE))
-            plain_modes(run.path / CIE_FILE)  # safetensors writes 0600; open() would give the umask's mode
-        log.info("analysed %s", run.name)
-    if len(runs) > 1:
-        tm = transfer_matrix(model, tasks, {r.name: r.adapter for r in runs}, max_items=max_items)
-        tm.to_csv(transfer_path(runs))
+    with Progress(2 * len(runs) + (len(runs) > 1), "analyse", unit="analysis") as progress:  # patching, CIE; transfer
+        for run in runs:
+            src = str(run.results.get("task_source") or "")
+            if data_dir:
+                task = load_task(run.name, data_dir=data_dir)
+            else:
+                task = load_task(run.name if not src or src.startswith("builtin:") else src)
+            tasks[run.name] = task
+            run.adapter.check_model(model_identity(model))
+            if redo or not (run.path / PATCHING_FILE).is_file():
+                progress.start(f"{run.name}: patching")
+                df = head_patching_sweep(model, task, run.adapter, draws=draws, max_items=max_items)
+                df.to_csv(run.path / PATCHING_FILE, index=False)
+                progress.done(f"{run.name}: patching, {len(df)} head sets")
+            else:
+                progress.skip()
+            if redo or not (run.path / CIE_FILE).is_file():
+                progress.start(f"{run.name}: CIE")
+                cie = causal_indirect_effect(model, task, run.adapter.t, n_prompts=cie_prompts, n_shots=n_shots)
+                save_file({"cie": cie.contiguous()}, str(run.path / CIE_FILE))
+                plain_modes(run.path / CIE_FILE)  # safetensors writes 0600; open() would give the umask's mode
+                progress.done(f"{run.name}: CIE over {cie.numel()} heads")
+            else:
+                progress.skip()
+            log.info("analysed %s", run.name)
+        if len(runs) > 1:
+            progress.start(f"transfer between {len(runs)} runs")
+            tm = transfer_matrix(model, tasks, {r.name: r.adapter for r in runs}, max_items=max_items)
+            tm.to_csv(transfer_path(runs))
+            progress.done(f"transfer between {len(runs)} runs")
 
 
 def transfer_path(runs: Sequence[Run]) -> Path:

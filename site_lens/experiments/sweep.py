@@ -45,6 +45,7 @@ from ..files import plain_modes
 from ..methods.site import fit_site
 from ..models.engines import Model
 from ..models.identity import model_identity
+from ..progress import Progress
 from ..stages.cie import causal_indirect_effect
 from ..tasks import Task, category
 
@@ -87,22 +88,28 @@ def minimal_sets(
     """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc)."""
     cfg = dataclasses.replace(cfg or SiteConfig(), seed=seed)  # a copy: the caller's config is left alone
     seconds: dict[str, float] = {}
+    stages = Progress(1 + 2 * rankings + len(weights) + 2, f"{task.name} seed {seed}", unit="stage")
+    stages.start(f"{task.name} seed {seed}: dense SITE")
     t0 = time.perf_counter()
     dense = fit_site(model, task, cfg).adapter
     seconds["dense"] = time.perf_counter() - t0
+    stages.done(f"{task.name} seed {seed}: dense SITE")
     cie = attribution = None
     if rankings:
         t0 = time.perf_counter()
         cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
         seconds["cie"] = time.perf_counter() - t0
+        stages.done(f"{task.name} seed {seed}: CIE")
         t0 = time.perf_counter()  # as many prompts as CIE's, zero-shot from train: SITE's own setting
         attribution = _attribution(model, task, dense.t)
         seconds["attribution"] = time.perf_counter() - t0
+        stages.done(f"{task.name} seed {seed}: attribution")
     fits: list[SparseFit] = []
     for penalty, ws in weights.items():
         t0 = time.perf_counter()
         fits += sparse_path(model, task, list(ws), dense, penalty, path_steps, cfg)
         seconds[f"path_{penalty}"] = time.perf_counter() - t0
+        stages.done(f"{task.name} seed {seed}: {penalty} path, {len(ws)} weights")
     alpha = dense.alpha
     sets = reference_sets(alpha) + sparse_sets(fits, thresholds)
     if rankings:
@@ -115,11 +122,12 @@ def minimal_sets(
         sets += ranking_sets(attribution, matched, "attribution")
         sets += random_sets(alpha.shape, matched, draws, seed)
     t0 = time.perf_counter()
-    frames = [
-        score_head_sets(model, task, dense.t, sets, "valid", max_valid),
-        score_head_sets(model, task, dense.t, sets, "test", max_test),
-    ]
+    frames = []
+    for split, limit in (("valid", max_valid), ("test", max_test)):
+        frames.append(score_head_sets(model, task, dense.t, sets, split, limit))
+        stages.done(f"{task.name} seed {seed}: {len(sets)} head sets scored on {split}")
     seconds["scoring"] = time.perf_counter() - t0
+    stages.close()
     log.info("%s seed %d: %d head sets scored on valid and test; seconds %s", task.name, seed, len(sets), seconds)
     scores = pd.concat(frames, ignore_index=True)
     scores.insert(1, "seed", seed)

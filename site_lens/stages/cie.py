@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..engine.backend import backend_for
 from ..models.engines import Model
+from ..progress import Progress
 from ..stats import pearson, spearman
 from ..tasks import Pair, Task, build_prompt, check_enough
 from ..tokens import answer_ids, check_context, encode
@@ -104,15 +105,17 @@ def causal_indirect_effect(
     gates = torch.cat([torch.zeros(1, n), torch.eye(n)]).view(1 + n, n_layers, n_heads)  # row 0: unpatched
     gates = gates.to(device=t.device, dtype=t.dtype)
     total = torch.zeros(n)
-    for toks, y in zip(tokens, targets):
-        prefix = backend.prefix(torch.tensor([toks[:-1]], device=t.device))  # one row, shared by every gate
-        p = torch.cat(
-            [
-                backend.logits(torch.full((len(g),), toks[-1], device=t.device), prefix, g, t).float().softmax(-1)[:, y]
-                for g in gates.split(rows_per_call)
-            ]
-        )  # (1 + heads,)
-        total += (p[1:] - p[0]).cpu()
+    with Progress(len(tokens), "CIE", unit="prompt", every=0) as progress:  # a bar on the terminal, no lines
+        for i, (toks, y) in enumerate(zip(tokens, targets)):
+            prefix = backend.prefix(torch.tensor([toks[:-1]], device=t.device))  # one row, shared by every gate
+            p = torch.cat(
+                [
+                    backend.logits(torch.full((len(g),), toks[-1], device=t.device), prefix, g, t).float().softmax(-1)[:, y]
+                    for g in gates.split(rows_per_call)
+                ]
+            )  # (1 + heads,)
+            total += (p[1:] - p[0]).cpu()
+            progress.done(f"prompt {i + 1}")
     log.info("CIE over %d prompts and %d heads (%s backend)", len(tokens), n, backend.name)
     return (total / len(tokens)).view(n_layers, n_heads)
 
