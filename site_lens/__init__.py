@@ -15,25 +15,54 @@ Head sets:
   analysis.multitask.fit_shared           one alpha trained over several tasks, each with its own t
 """
 
+from typing import TYPE_CHECKING
+
 from ._version import __version__
-from .adapter import Adapter, load_adapter, save_adapter
-from .analysis.attribution import attribution_scores
-from .analysis.minimal import HeadSet, score_head_sets
-from .analysis.multitask import fit_shared
-from .analysis.sparse import fit_sparse, sparse_path
-from .atlas import Atlas, AtlasError, assemble_atlas, compare_atlases, load_atlas
-from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
-from .engine.generate import generate_greedy
-from .experiments.run import evaluate, predict, predict_with_logits, run_task
-from .experiments.sweep import minimal_sets
-from .gate import AlphaGate, gate_hook, injection_hooks
-from .methods import SiteFit, fit_site
-from .metrics import exact_match, normalize, strict_match
-from .models import load_model, model_identity
-from .models.tiny import tiny_model
-from .stages.embeddings import build_task_embedding
-from .stages.selection import AlphaTrainer
-from .tasks import Task, build_prompt, builtin_tasks, format_query, load_task
+
+# The public API is imported on first use (``site_lens.fit_site``, ``from site_lens import load_model``), so that
+# ``import site_lens`` and the site-lens command's --help, --version and listings load neither torch nor
+# TransformerLens. Each name's module:
+_API = {
+    "adapter": ("Adapter", "load_adapter", "save_adapter"),
+    "analysis.attribution": ("attribution_scores",),
+    "analysis.minimal": ("HeadSet", "score_head_sets"),
+    "analysis.multitask": ("fit_shared",),
+    "analysis.sparse": ("fit_sparse", "sparse_path"),
+    "atlas": ("Atlas", "AtlasError", "assemble_atlas", "compare_atlases", "load_atlas"),
+    "config": ("EmbeddingConfig", "EvalConfig", "SelectionConfig", "SiteConfig", "SparsityConfig"),
+    "engine.generate": ("generate_greedy",),
+    "experiments.run": ("evaluate", "predict", "predict_with_logits", "run_task"),
+    "experiments.sweep": ("minimal_sets",),
+    "gate": ("AlphaGate", "gate_hook", "injection_hooks"),
+    "methods": ("SiteFit", "fit_site"),
+    "metrics": ("exact_match", "normalize", "strict_match"),
+    "models": ("load_model", "model_identity"),
+    "models.tiny": ("tiny_model",),
+    "stages.embeddings": ("build_task_embedding",),
+    "stages.selection": ("AlphaTrainer",),
+    "tasks": ("Task", "build_prompt", "builtin_tasks", "format_query", "load_task"),
+}
+_HOME = {name: module for module, names in _API.items() for name in names}
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from .adapter import Adapter, load_adapter, save_adapter
+    from .analysis.attribution import attribution_scores
+    from .analysis.minimal import HeadSet, score_head_sets
+    from .analysis.multitask import fit_shared
+    from .analysis.sparse import fit_sparse, sparse_path
+    from .atlas import Atlas, AtlasError, assemble_atlas, compare_atlases, load_atlas
+    from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
+    from .engine.generate import generate_greedy
+    from .experiments.run import evaluate, predict, predict_with_logits, run_task
+    from .experiments.sweep import minimal_sets
+    from .gate import AlphaGate, gate_hook, injection_hooks
+    from .methods import SiteFit, fit_site
+    from .metrics import exact_match, normalize, strict_match
+    from .models import load_model, model_identity
+    from .models.tiny import tiny_model
+    from .stages.embeddings import build_task_embedding
+    from .stages.selection import AlphaTrainer
+    from .tasks import Task, build_prompt, builtin_tasks, format_query, load_task
 
 __all__ = [
     "Adapter",
@@ -87,8 +116,19 @@ _MODULES = {"overlap": "analysis.overlap", "patching": "analysis.patching", "plo
 
 
 def __getattr__(name: str):
-    if name in _MODULES:
-        import importlib
+    import importlib
+    import importlib.util
 
+    if name in _HOME:
+        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+        globals()[name] = value  # looked up once
+        return value
+    if name in _MODULES:
         return importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a submodule, as ``site_lens.engine``
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_MODULES))

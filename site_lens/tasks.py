@@ -237,6 +237,17 @@ def builtin_tasks() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
 
 
+def available_tasks(data_dir: str | Path | None) -> list[str]:
+    """Task names under ``data_dir`` (folders or .json lists), or the built-in ones."""
+    if data_dir is None:
+        return builtin_tasks()
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise TaskError(f"{d}: data folder not found")
+    found = [p for p in d.iterdir() if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".json")]
+    return sorted(p.name if p.is_dir() else p.stem for p in found)
+
+
 def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> Task:
     """Load a task by built-in name, by name under ``data_dir``, or by path (folder or .json).
 

@@ -30,16 +30,23 @@ DESCRIPTION = (
 DEMO_TASKS = "uppercase,next-number"  # generated built-in tasks with 101 test items each
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from ..adapter import AdapterError
-    from ..atlas import AtlasError
-    from ..config import ConfigError
-    from ..models import ModelError
-    from ..sources import SourceError
-    from ..tasks import TaskError
-    from ..tokens import PromptTooLongError
+# errors in user input, by the module that defines each
+USER_ERRORS = {
+    "config": "ConfigError",
+    "tokens": "PromptTooLongError",
+    "adapter": "AdapterError",
+    "models.engines": "ModelError",
+    "tasks": "TaskError",
+    "sources": "SourceError",
+    "atlas.store": "AtlasError",
+}
 
-    return (ConfigError, PromptTooLongError, AdapterError, ModelError, TaskError, SourceError, AtlasError)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The user-input error classes of the modules loaded so far (one not loaded raised nothing), so that an
+    error in a light command (``tasks --data``) does not load torch just to be reported."""
+    loaded = (sys.modules.get(f"site_lens.{module}") for module in USER_ERRORS)
+    return tuple(getattr(m, name) for m, name in zip(loaded, USER_ERRORS.values(), strict=True) if m is not None)
 
 
 # ---------------------------------------------------------------- the parser
@@ -91,6 +98,7 @@ EXAMPLES = {
   site-lens bench --data data/bbh --tasks navigate,snarks --methods zero_shot,icl,site""",
     "figures": """examples:
   site-lens figures --runs results/head_specificity/runs                # writes runs/figures
+  site-lens figures --runs runs/uppercase-adapter                       # one adapter folder: its alpha map
   site-lens figures --bench results/smollm2-135m,results/gemma-3-270m --out runs/bench_figures
   scripts/make_figures.sh                                               # redraws the committed figures/""",
 }
@@ -98,7 +106,6 @@ EXAMPLES = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``site-lens`` argument parser, one subparser per command."""
-  site-lens figures --runs runs/uppercase-adapter                       # one adapter folder: its alpha map
     parser = argparse.ArgumentParser(
         prog="site-lens",
         description=textwrap.fill(DESCRIPTION, 80),

@@ -260,8 +260,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def task_listing(data_dir: str | None) -> list[dict[str, Any]]:
     """``site-lens tasks --json``: name, category, counts per split, case sensitivity and source of each task."""
-    from ..experiments.bench import available_tasks
-    from ..tasks import SPLITS, category, load_task
+    from ..tasks import SPLITS, available_tasks, category, load_task
 
     out = []
     for n in available_tasks(data_dir):
@@ -275,8 +274,7 @@ def task_listing(data_dir: str | None) -> list[dict[str, Any]]:
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     """The built-in tasks, or those under --data: one line each, or with --json a JSON list."""
-    from ..experiments.bench import available_tasks
-    from ..tasks import category, load_task
+    from ..tasks import available_tasks, category, load_task
 
     if getattr(args, "json", False):
         import json

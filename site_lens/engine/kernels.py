@@ -90,6 +90,22 @@ def _take_turn(out: Path):
     return turn
 
 
+def _no_cuda_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No CUDA runtime is found")
+
+
+def _cpp_extension():
+    """``torch.utils.cpp_extension``, imported without the warning a CUDA build of torch logs on a machine
+    without a GPU (``No CUDA runtime is found, using CUDA_HOME=...``): these kernels are CPU code."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    logger.addFilter(_no_cuda_notice)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        logger.removeFilter(_no_cuda_notice)
+    return cpp_extension
+
+
 def build_dir() -> Path:
     """The kernels' build folder for this torch build, interpreter and CPU, under ``$SITE_LENS_CACHE/ext``.
 
@@ -144,8 +160,7 @@ def load():
         _state["ext"] = _built(out, f"site_lens_kernels_{key}")
         if _state["ext"] is not None:
             return _state["ext"]
-        from torch.utils.cpp_extension import load as build
-
+        build = _cpp_extension().load
         src = out / SOURCE.name  # build from a copy, so every checkout sharing the cache writes the same build.ninja
         if not src.exists():  # (the key is the source's hash: an existing copy is this source)
             tmp = out / f"{SOURCE.name}.{os.getpid()}.tmp"

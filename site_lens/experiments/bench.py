@@ -41,7 +41,7 @@ from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
 from ..models.engines import Model
 from ..progress import Progress
-from ..tasks import TaskError, builtin_tasks, load_task
+from ..tasks import TaskError, available_tasks, load_task  # noqa: F401 (available_tasks: also bench.available_tasks)
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 
 log = logging.getLogger(__name__)
@@ -51,17 +51,6 @@ SPEC_FILE = "bench.json"
 LOCKS_DIR = ".locks"
 
 # ---------------------------------------------------------------- choosing what to run
-
-
-def available_tasks(data_dir: str | Path | None) -> list[str]:
-    """Task names under ``data_dir`` (folders or .json lists), or the built-in ones."""
-    if data_dir is None:
-        return builtin_tasks()
-    d = Path(data_dir)
-    if not d.is_dir():
-        raise TaskError(f"{d}: data folder not found")
-    found = [p for p in d.iterdir() if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".json")]
-    return sorted(p.name if p.is_dir() else p.stem for p in found)
 
 
 def resolve(spec: str, valid: Sequence[str], what: str, every: Sequence[str] | None = None) -> list[str]:
