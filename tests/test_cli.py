@@ -65,6 +65,7 @@ def test_tasks_lists_builtins(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     assert "opposites" in out and "uppercase" in out and "antonym" not in out
+    assert out.splitlines()[-1].startswith("test: the split's size; run and bench score its first 100 items")
 
 
 def test_write_json_atomic_leaves_no_temp(tmp_path):

@@ -234,7 +234,7 @@ def test_a_client_error_is_not_retried(tmp_path, serve, sleeps, monkeypatch, cap
         err == f"site-lens: error: task antonym, train.json: HTTP 403 Forbidden from {url}/dataset/antonym/train.json"
     )
     assert state.requests == ["/dataset/antonym/train.json"] and sleeps == []
-    assert list(out.iterdir()) == []
+    assert not out.exists()  # no empty folder left behind
 
 
 def test_a_stalled_server_fails_after_the_tries(tmp_path, serve, sleeps):
@@ -426,7 +426,7 @@ def test_an_unreachable_source_is_one_line(tmp_path, capsys):
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"site-lens: error: cannot reach 127.0.0.1:{port} (")
     assert err.endswith("connect to the internet or pass --source (a mirror: URL or folder)")
-    assert list(out.iterdir()) == []
+    assert not out.exists()  # no empty folder left behind
 
 
 def test_the_default_source_is_the_pinned_release(tmp_path, monkeypatch, capsys):
@@ -437,7 +437,8 @@ def test_the_default_source_is_the_pinned_release(tmp_path, monkeypatch, capsys)
         raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
 
     monkeypatch.setattr(fetch.urllib.request, "urlopen", offline)
-    assert main(["data", "fv", "--out", str(tmp_path / "out"), "--tasks", "country-capital"]) == 2
+    assert main(["data", "fv", "--out", str(tmp_path / "out" / "fv"), "--tasks", "country-capital"]) == 2
+    assert not (tmp_path / "out").exists()
     err = capsys.readouterr().err.strip()
     assert err == (
         "site-lens: error: cannot reach raw.githubusercontent.com (Temporary failure in name resolution); "

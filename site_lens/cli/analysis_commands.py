@@ -85,21 +85,21 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
 
 def _find_runs(root: str):
+    from pathlib import Path
+
     from ..experiments.report import find_runs
     from ..tasks import TaskError
 
+    if not Path(root).is_dir():
+        raise TaskError(f"{root}: no such folder (give a run folder, a folder of runs or an adapter folder)")
     runs = find_runs(root)
     if not runs:
-    from pathlib import Path
-
         raise TaskError(
             f"no run folders (results.json + adapter/) under {root}, and it is no adapter folder "
             "(cfg.json + adapter.safetensors)"
         )
     return runs
 
-    if not Path(root).is_dir():
-        raise TaskError(f"{root}: no such folder (give a run folder, a folder of runs or an adapter folder)")
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""

@@ -15,17 +15,30 @@ from pathlib import Path
 from typing import Any
 
 
-def check_writable(out: Path) -> None:
-    """Fail before any work if the output folder cannot be written."""
+def check_writable(out: Path) -> list[Path]:
+    """Fail before any work if the output folder cannot be written; returns the folders it made, deepest first
+    (``remove_empty`` takes them away again where the command then fails, offline say)."""
     from ..tasks import TaskError
 
+    made = [p for p in (out, *out.parents) if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
+        remove_empty(made)
         raise TaskError(f"output folder {out} is not writable ({e.strerror or e})") from None
+    return made
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove these folders, deepest first, while they are empty."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:  # not empty (or gone): what is above it stays too
+            break
 
 
 def _progress_bar(total: int, desc: str) -> tuple[Callable[[int, float], None], Callable[[], None]]:
@@ -178,7 +191,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(_table(rows))
     print(
         "[lo, hi]: 95 % Wilson interval over the n test items. prefix match: the paper's exact match (the answer\n"
-        "starts the first line); strict: the first line is the answer. ms/query: batched generation time per test item."
+        "starts the first line); strict: the first line is the answer. ms/query: batched generation time per test item\n"
+        "(a row stops at its first newline: answers that run on, as zero-shot's often do, decode more tokens)."
     )
     from ..adapter import load_adapter
     from ..analysis.plots import alpha_heatmap, save_figure, training_curve
@@ -287,6 +301,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
             f"{n:<28} train {len(t.train):>5}  valid {len(t.valid):>4}  test {len(t.test):>5}  "
             f"case-sensitive {'yes' if t.case_sensitive else 'no ':<3}  {category(t)}"
         )
+    from ..config import EvalConfig
+
+    n = EvalConfig().max_test
+    print(f"test: the split's size; run and bench score its first {n} items (--max-test N, or all)")
     return 0
 
 
@@ -296,6 +314,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..experiments import bench
     from ..methods import METHODS
     from ..models import load_model
+    from ..progress import write
 
     if args.methods.strip() == "list":
         from ..methods import describe_method
@@ -312,7 +331,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     part = args.shard or bench.slurm_shard()
     if part and not args.shard:
         print(f"Slurm job array: shard {part}", flush=True)
-    from ..progress import write
     require_data_for_fv(args.tasks, args.data)
     tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), part)
     seeds = args.seeds or [cfg.seed]

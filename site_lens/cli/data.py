@@ -40,12 +40,16 @@ def parse_splits(text: str) -> dict[str, str]:
 
 def cmd_data_fv(args: argparse.Namespace) -> int:
     from ..sources.fv import build_fv, check_request
-    from .commands import check_writable
+    from .commands import check_writable, remove_empty
 
     out = Path(args.out)
     check_request(args.tasks, args.source)  # a bad --tasks or --source is reported before the folder is made
-    check_writable(out)
-    rows = build_fv(out, tasks=args.tasks, source=args.source, overwrite=args.overwrite)
+    made = check_writable(out)
+    try:
+        rows = build_fv(out, tasks=args.tasks, source=args.source, overwrite=args.overwrite)
+    except BaseException:
+        remove_empty(made)  # offline, say: no empty folder left behind
+        raise
     for r in rows:
         s = r["sizes"]
         print(
@@ -59,16 +63,20 @@ def cmd_data_fv(args: argparse.Namespace) -> int:
 
 def cmd_data_bbh(args: argparse.Namespace) -> int:
     from ..sources.bbh import build_bbh
-    from .commands import check_writable
+    from .commands import check_writable, remove_empty
 
-    check_writable(Path(args.out))
-    rows = build_bbh(
-        Path(args.out),
-        sdist=Path(args.sdist) if args.sdist else None,
-        tasks=args.tasks,
-        seed=args.seed,
-        overwrite=args.overwrite,
-    )
+    made = check_writable(Path(args.out))
+    try:
+        rows = build_bbh(
+            Path(args.out),
+            sdist=Path(args.sdist) if args.sdist else None,
+            tasks=args.tasks,
+            seed=args.seed,
+            overwrite=args.overwrite,
+        )
+    except BaseException:
+        remove_empty(made)
+        raise
     for r in rows:
         s, ch = r["sizes"], r["chance"]
         chance = "generation" if ch is None else f"chance {ch:.3f}"
@@ -81,16 +89,18 @@ def cmd_data_bbh(args: argparse.Namespace) -> int:
 
 def cmd_data_hf(args: argparse.Namespace) -> int:
     from ..sources.hub import convert_dataset
-    from .commands import check_writable
+    from .commands import check_writable, remove_empty
 
-    check_writable(Path(args.out))
+    made = check_writable(Path(args.out))
     try:
         import datasets
     except ImportError:
+        remove_empty(made)
         raise SourceError("site-lens data hf needs the datasets package (pip install datasets)") from None
     try:
         ds = datasets.load_dataset(args.name, args.config)
     except Exception as e:  # the hub's errors are many and unrelated; name the dataset and the cause
+        remove_empty(made)
         raise SourceError(
             f"cannot load dataset {args.name!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}"
         ) from None
