@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Self, TextIO
+from typing import Any
 
 log = logging.getLogger("site_lens.progress")
 
@@ -29,7 +29,7 @@ _open: weakref.WeakSet[Progress] = weakref.WeakSet()  # a Progress left unclosed
 
 
 @contextmanager
-def shown(stream: TextIO | None = None) -> Iterator[None]:
+def shown(stream: Any = None) -> Iterator[None]:
     """Inside this block progress is shown: bars where ``stream`` (default stderr) is a terminal, else lines."""
     stream = stream if stream is not None else sys.stderr
     saved = _state["mode"]
@@ -40,14 +40,14 @@ def shown(stream: TextIO | None = None) -> Iterator[None]:
         _state["mode"] = saved
 
 
-def _isatty(stream: TextIO) -> bool:
+def _isatty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # a closed or stream-like object
         return False
 
 
-def duration(seconds: float) -> str:
+def duration(seconds: float | int) -> str:  # noqa: PYI041 (beartype, which the tests run, rejects an int for float)
     """``41 s``, ``3 min 12 s``, ``1 h 05 min``."""
     s = round(seconds)
     if s < 60:
@@ -57,7 +57,7 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def write(line: str, file: TextIO | None = None) -> None:
+def write(line: str, file: Any = None) -> None:
     """Print ``line`` (to stdout by default) without breaking a bar on the terminal."""
     file = file if file is not None else sys.stdout
     if _state["mode"] == "bars" and len(_open):
@@ -103,7 +103,7 @@ class Progress:
             self._bar = tqdm(total=self.total, desc=what, unit=unit, file=sys.stderr, dynamic_ncols=True,
                              leave=self.depth == 0)  # fmt: skip
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Progress:  # noqa: PYI034 (beartype, which the tests run, rejects typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:

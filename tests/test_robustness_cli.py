@@ -109,7 +109,7 @@ BAD_VALUES = [
     (["demo", "--tasks", "antonym", "--data", "."], "unknown task 'antonym' in"),
     (["predict", "--adapter", "/no/such/adapter", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["figures", "--bench", "/no/such/bench"], "no rows.csv"),
-    (["analyse", "--runs", "/no/such/runs"], "no run folders"),
+    (["analyse", "--runs", "/no/such/runs"], "/no/such/runs: no such folder"),
     (["predict", "--adapter", "/no/such/adapter"], "adapter folder not found"),
     (["run", "--task", "opposites", "--shots", "0"], "n_shots must be >= 1"),
     (["run", "--task", "opposites", "--prompts", "0"], "n_prompts must be >= 1"),
