@@ -382,7 +382,7 @@ def test_minimal_figures_say_what_they_draw(tmp_path, monkeypatch):
     assert heads
     for name, fig in heads.items():
         bar = fig.data[0].colorbar
-        seeds = re.fullmatch(r"share of the (\d+) seeds keeping the head", bar.title.text)
+        seeds = re.fullmatch(r"share of the (\d+) seeds keeping the head", bar.title.text.replace("<br>", " "))
         assert seeds, (name, bar.title.text)  # the cells: how many of the seeds' minimal sets hold the head
         n = int(seeds.group(1))
         assert list(bar.ticktext) == ["0", *(f"{i}/{n}" for i in range(1, n)), "1"], name
@@ -450,3 +450,33 @@ def test_figures_refuse_what_is_neither_runs_nor_an_adapter_in_one_line(tmp_path
     (tmp_path / "empty").mkdir()
     assert main(["figures", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "f")]) == 2
     assert "no adapter folder" in capsys.readouterr().err
+
+
+def test_analyse_loads_the_model_the_adapters_name(tmp_path, model, monkeypatch, capsys):
+    """Without --model, analyse loads the model the runs' adapters were trained on; mixed models are one line."""
+    from site_lens import models
+    from site_lens.experiments import report
+
+    _fake_runs(tmp_path / "runs", model)
+    asked = []
+
+    def fake_load(name, **kw):
+        asked.append(name)
+        return model
+
+    monkeypatch.setattr(models, "load_model", fake_load)
+    monkeypatch.setattr(report, "analyse_runs", lambda *a, **k: None)
+    assert main(["analyse", "--runs", str(tmp_path / "runs")]) == 0
+    assert asked == [model_identity(model)["name"]]
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    other = Adapter(t=torch.zeros(*shape, model.cfg.d_head), theta=torch.zeros(shape),
+                    model={**model_identity(model), "name": "other"}, meta={"task": "uppercase"})  # fmt: skip
+    save_adapter(other, tmp_path / "runs" / "other" / "adapter")
+    (tmp_path / "runs" / "other" / "results.json").write_text(
+        (tmp_path / "runs" / "sub" / "uppercase" / "results.json").read_text()
+    )
+    capsys.readouterr()
+    assert main(["analyse", "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("site-lens: error: ") and f"other, {asked[0]}: choose one with --model" in err
+    assert err.count("\n") == 1 and len(asked) == 1

@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder searched recursively for run folders (results.json + adapter/), or one adapter folder (its task "
         "from the adapter; --data for a task from a data folder); the analyses are written into them",
     )
-    model_args(p)
+    model_args(p, default=None)
     data_arg(p)
     p.add_argument(
         "--max-test",

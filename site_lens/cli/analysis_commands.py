@@ -106,10 +106,18 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     from ..experiments.report import analyse_runs
     from ..models import load_model
 
+    from ..tasks import TaskError
+
     runs = _find_runs(args.runs)
     for r in runs:
         check_writable(r.path)
-    model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
+    name = args.model
+    if name is None:  # the model the adapters were trained on
+        names = sorted({str(r.adapter.model.get("name")) for r in runs})
+        if len(names) != 1:
+            raise TaskError(f"the runs under {args.runs} were trained on {', '.join(names)}: choose one with --model")
+        name = names[0]
+    model = load_model(name, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
     max_items = args.max_test if args.max_test is not None else 10**9
     analyse_runs(
         model, runs, args.data, max_items=max_items, cie_prompts=args.cie_prompts, draws=args.draws, redo=args.redo

@@ -135,7 +135,7 @@ _WIDEST = [max(w) for w in zip(*FONT_WIDTHS.values())]
 _OTHER = {"Liberation Sans": 680, "DejaVu Sans": 840}  # any other character: about a wide letter's width
 
 
-def _text_px(text: str, size: float = FONT_SMALL, font: str | None = None) -> float:
+def _text_px(text: str, size: Real = FONT_SMALL, font: str | None = None) -> Real:
     """The width in px of one line of ``text`` at ``size`` px (tags left out; 5 % to spare).
 
     In ``font`` (a key of ``FONT_WIDTHS``), or by default in the widest of them, character by character: a
@@ -147,7 +147,7 @@ def _text_px(text: str, size: float = FONT_SMALL, font: str | None = None) -> fl
     return 1.05 * size / 1000 * sum(widths[ord(c) - 32] if 32 <= ord(c) < 127 else other for c in plain)
 
 
-def _legend_room(fig: go.Figure) -> float:
+def _legend_room(fig: go.Figure) -> Real:
     """The width plotly wraps a horizontal legend at, the plot area's, less 50 px that automargin may take."""
     base = fig.layout.template.layout.margin if fig.layout.template is not None else None
     side = [
@@ -235,7 +235,7 @@ def _category_key(c: str) -> tuple[int, str]:
 _SPAN = re.compile(r"(<span style='font-size:(\d+)px'>)([^<]*)(</span>)")
 
 
-def _wrap(text: str, size: float, room: float) -> str:
+def _wrap(text: str, size: Real, room: Real) -> str:
     """``text`` with every line longer than ``room`` px (``_text_px``) broken at spaces into lines that fit.
 
     A line is plain text at ``size`` px or one ``note`` span at its own size; other markup is left as it is.
