@@ -18,6 +18,8 @@ accuracy, answer probability) is left out of that recovery's averages: its denom
 
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m              # (b), (c): no model
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching   # and (a), resumable
+    .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --atlas atlases/smollm2-135m --patching
+        # every claim from the shipped atlas (its alphas, t and categories): the docs and the atlas agree
     .venv/bin/python benchmarks/head_claims.py --model smollm2-135m --patching --patch-seeds 1   # (a) on seed 1
     .venv/bin/python benchmarks/head_claims.py --model gemma-3-270m --patching --patch-seeds 1 --patch-tasks A,B,...
         # (a) on part of the tasks (e.g. half each in two processes): writes patching/TASK_seedS.csv only; then
@@ -55,6 +57,7 @@ from site_lens.analysis.overlap import (
 )
 from site_lens.analysis.plots.claims import patching_contrast, permutation_null_figure, seed_stability_figure
 from site_lens.analysis.plots.theme import save_figure
+from site_lens.atlas import load_atlas
 from site_lens.files import plain_modes
 from site_lens.stats import bootstrap_interval
 
@@ -257,6 +260,10 @@ def main() -> None:
     ap.add_argument("--patching", action="store_true", help="also run (a), which loads the model")
     ap.add_argument("--figures", default="figures/claims")
     ap.add_argument("--minimal", action="store_true", help="alphas and t of results/minimal/MODEL's dense fits")
+    ap.add_argument(
+        "--atlas", default=None,
+        help="alphas, t and categories from this atlas (e.g. atlases/MODEL), so the claims and the atlas agree",
+    )  # fmt: skip
     ap.add_argument("--committed-only", action="store_true", help="(a) from the patching files there, no model")
     ap.add_argument(
         "--patch-seeds", type=lambda v: [int(x) for x in v.split(",")], default=None,
@@ -279,6 +286,14 @@ def main() -> None:
         root = results / "minimal" / args.model / "claims"
         root.mkdir(exist_ok=True)
         fig_stem = f"{args.model}_minimal"
+    elif args.atlas:  # the shipped atlas: every (task, seed) map with its own t
+        atlas = load_atlas(args.atlas)
+        if atlas.model["name"] != args.model:
+            ap.error(f"--atlas {args.atlas} is an atlas of {atlas.model['name']}, not {args.model}")
+        adapters = {f"{t}/seed{s}": atlas.adapter(t, s) for t in atlas.tasks for s in atlas.seeds if f"{t}/seed{s}" in atlas.t}
+        thetas = {key: a.theta for key, a in adapters.items()}
+        root = results / "seeds" / args.model
+        fig_stem = args.model
     else:
         root = results / "seeds" / args.model
         thetas = collect_thetas(root)
@@ -297,8 +312,12 @@ def main() -> None:
         print(f"(a): {n_pairs} (task, seed) pairs in {root / 'patching'}; summarise with --patching --committed-only")
         return
     k = round(0.1 * n_heads)
-    cats = categories(args.model, results)
-    source = "the minimal-head-set study's dense SITE fits" if args.minimal else "the seed runs' SITE fits"
+    cats = {t: atlas.category(t) for t in atlas.tasks} if args.atlas else categories(args.model, results)
+    source = (
+        "the minimal-head-set study's dense SITE fits" if args.minimal
+        else f"the atlas {Path(args.atlas).name} (SITE fits of seeds {', '.join(map(str, atlas.seeds))})" if args.atlas
+        else "the seed runs' SITE fits"
+    )  # fmt: skip
     lines = [f"# {args.model}: head-specificity claims (k = {k} of {n_heads} heads), from {source}", ""]
     stab = stability(alphas, k)
     if len(stab):
