@@ -70,7 +70,21 @@ class AdapterError(ValueError):
 
 @dataclass
 class Adapter:
-    """A trained SITE adapter: task embedding t and gate logits theta."""
+    """A trained SITE adapter: task embedding t and gate logits theta.
+
+    Example:
+        >>> import torch
+        >>> import site_lens as sl
+        >>> model = sl.tiny_model()
+        >>> t = sl.build_task_embedding(model, [[1, 5, 7, 2, 9, 4], [3, 5, 8, 2, 6]])
+        >>> adapter = Adapter(t=t, theta=torch.zeros(2, 4), model=sl.model_identity(model))  # fit_site makes these
+        >>> adapter.alpha.shape                          # sigmoid(theta): one gate per (layer, head)
+        torch.Size([2, 4])
+        >>> with model.hooks(fwd_hooks=adapter.hooks(model, pos=-1)):   # SITE injected at the last token
+        ...     logits = model(torch.tensor([[1, 5, 7]]))
+        >>> logits.shape
+        torch.Size([1, 3, 50])
+    """
 
     t: Float[Tensor, "layer head_index d_head"]
     theta: Float[Tensor, "layer head_index"]
@@ -120,7 +134,19 @@ class Adapter:
 
 
 def save_adapter(adapter: Adapter, path: str | Path) -> Path:
-    """Write the folder atomically (a temp folder renamed into place)."""
+    """Write the folder atomically (a temp folder renamed into place).
+
+    Example:
+        >>> import tempfile
+        >>> import torch
+        >>> import site_lens as sl
+        >>> model = sl.tiny_model()
+        >>> t = sl.build_task_embedding(model, [[1, 5, 7, 2, 9, 4]])
+        >>> adapter = sl.Adapter(t=t, theta=torch.zeros(2, 4), model=sl.model_identity(model))
+        >>> folder = save_adapter(adapter, f"{tempfile.mkdtemp()}/uppercase-adapter")
+        >>> folder.name, folder.is_dir()
+        ('uppercase-adapter', True)
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -163,7 +189,24 @@ def replace_folder(tmp: Path, path: Path) -> None:
 
 
 def load_adapter(path: str | Path, model_identity: dict[str, Any] | None = None) -> Adapter:
-    """Read an adapter folder; if ``model_identity`` is given, refuse a mismatched model."""
+    """Read an adapter folder; if ``model_identity`` is given, refuse a mismatched model.
+
+    Example:
+        >>> import tempfile
+        >>> import torch
+        >>> import site_lens as sl
+        >>> model = sl.tiny_model()
+        >>> t = sl.build_task_embedding(model, [[1, 5, 7, 2, 9, 4]])
+        >>> folder = sl.save_adapter(sl.Adapter(t=t, theta=torch.zeros(2, 4), model=sl.model_identity(model)),
+        ...                          f"{tempfile.mkdtemp()}/adapter")
+        >>> adapter = load_adapter(folder, sl.model_identity(model))   # refuses an adapter of another model
+        >>> torch.equal(adapter.t, t)
+        True
+        >>> load_adapter(folder, sl.model_identity(sl.tiny_model(n_heads=8, n_key_value_heads=4)))
+        Traceback (most recent call last):
+            ...
+        site_lens.adapter.AdapterError: ...
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -73,10 +73,10 @@ class SelectionConfig(_Config):
     Example:
         >>> SelectionConfig(steps=100).lr
         0.2
-        >>> SelectionConfig(lr=-1)
+        >>> SelectionConfig(lr=-1.0)
         Traceback (most recent call last):
         ...
-        site_lens.config.ConfigError: SelectionConfig.lr must be a finite number > 0, got -1
+        site_lens.config.ConfigError: SelectionConfig.lr must be a finite number > 0, got -1.0
     """
 
     steps: int = 400  # optimiser steps (paper: 400)

@@ -41,7 +41,16 @@ def z_names(model: Model) -> list[str]:
 
 
 class AlphaGate(nn.Module):
-    """alpha = sigmoid(theta), one scalar per (layer, head); theta starts at ``theta_init``."""
+    """alpha = sigmoid(theta), one scalar per (layer, head); theta starts at ``theta_init``.
+
+    Example:
+        >>> gate = AlphaGate(n_layers=2, n_heads=4)   # theta = 0: every alpha starts at 0.5
+        >>> gate.alpha()
+        tensor([[0.5000, 0.5000, 0.5000, 0.5000],
+                [0.5000, 0.5000, 0.5000, 0.5000]], grad_fn=<SigmoidBackward0>)
+        >>> [name for name, _ in gate.named_parameters()]   # theta is what AlphaTrainer trains
+        ['theta']
+    """
 
     def __init__(self, n_layers: int, n_heads: int, theta_init: float = 0.0):
         super().__init__()
@@ -174,6 +183,18 @@ def gate_hook(
 
     ``t`` and ``alpha`` are one for all rows, or one per row (a leading batch dim);
     they are moved to z's device and dtype.
+
+    Example:
+        >>> import torch
+        >>> from transformer_lens.hook_points import HookPoint
+        >>> z = torch.zeros(1, 3, 4, 8)                  # one layer's hook_z: (batch, pos, head, d_head)
+        >>> t = torch.ones(4, 8)                         # that layer's task embedding
+        >>> alpha = torch.tensor([0.0, 0.25, 1.0, 0.0])  # one gate per head
+        >>> out = gate_hook(z, HookPoint(), t, alpha, pos=-1)
+        >>> out[0, -1, :, 0]
+        tensor([0.0000, 0.2500, 1.0000, 0.0000])
+        >>> bool(out[0, :-1].eq(0).all())                # the other positions are untouched
+        True
     """
     rows = torch.arange(z.shape[0], device=z.device)
     if isinstance(pos, int):
@@ -190,7 +211,22 @@ def injection_hooks(
     alpha: Float[Tensor, "*arows layer head_index"],
     pos: Int[Tensor, " batch"] | int = -1,
 ) -> Hooks:
-    """One ``gate_hook`` per layer, bound to that layer's t and alpha (each one for all rows or one per row)."""
+    """One ``gate_hook`` per layer, bound to that layer's t and alpha (each one for all rows or one per row).
+
+    Example:
+        >>> import torch
+        >>> import site_lens as sl
+        >>> model = sl.tiny_model()
+        >>> t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+        >>> alpha = torch.full((model.cfg.n_layers, model.cfg.n_heads), 0.5)
+        >>> hooks = injection_hooks(model, t, alpha, pos=-1)
+        >>> [name for name, _ in hooks]
+        ['blocks.0.attn.hook_z', 'blocks.1.attn.hook_z']
+        >>> with model.hooks(fwd_hooks=hooks):             # t mixed into the last token's heads
+        ...     logits = model(torch.tensor([[1, 5, 7]]))
+        >>> logits.shape
+        torch.Size([1, 3, 50])
+    """
     return [
         (name, partial(gate_hook, t=t.select(-3, layer), alpha=alpha.select(-2, layer), pos=pos))
         for layer, name in enumerate(z_names(model))

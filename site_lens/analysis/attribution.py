@@ -136,7 +136,29 @@ def attribution_scores(
     metric: Metric = answer_logprob,
     batch_size: int = 16,
 ) -> Float[Tensor, "layer head_index"]:
-    """Mean over prompts of ``attribution_per_prompt``: every head's estimated effect of patching t into it."""
+    """Mean over prompts of ``attribution_per_prompt``: every head's estimated effect of patching t into it.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> task = sl.load_task("uppercase")
+        >>> fit = sl.fit_site(model, task, cfg)
+        >>> prompts = [(sl.format_query(x), y) for x, y in task.valid[:4]]   # zero-shot prompts and answers
+        >>> scores = attribution_scores(model, prompts, fit.adapter.t)
+        >>> scores.shape                                  # one estimated effect per (layer, head)
+        torch.Size([2, 4])
+    """
     return attribution_per_prompt(model, prompts_or_examples, t, metric=metric, batch_size=batch_size).mean(0)
 
 

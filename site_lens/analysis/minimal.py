@@ -45,7 +45,17 @@ METRICS = ("exact_match", "first_token_acc", "prob")
 
 @dataclass
 class HeadSet:
-    """One gate to score: ``alpha`` (binary for a set, soft for a sparse gate) and what it is."""
+    """One gate to score: ``alpha`` (binary for a set, soft for a sparse gate) and what it is.
+
+    Example:
+        >>> import torch
+        >>> alpha = torch.zeros(2, 4)
+        >>> alpha[1, 2] = alpha[0, 3] = 1.0              # patch t into two heads, leave the rest alone
+        >>> two = HeadSet(method="by_hand", alpha=alpha, k=2)
+        >>> two.mode, two.k
+        ('binary', 2)
+        >>> soft = HeadSet(method="site", alpha=torch.full((2, 4), 0.5), k=8, mode="soft")   # a dense gate as is
+    """
 
     method: str  # dense_alpha, cie, random, sparse_l0, sparse_l1, site, zero_shot, shared ...
     alpha: Float[Tensor, "layer head_index"]
@@ -116,6 +126,32 @@ def score_head_sets(
     or after ``max_new_tokens`` (default ``answer_budget``: every answer fits, so prefix-match
     exact match equals a 20-token generation's unless the model spells an answer in more tokens
     than the reference). Zero-shot and the gates share the prompts.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> task = sl.load_task("uppercase")
+        >>> fit = sl.fit_site(model, task, cfg)
+        >>> alpha = torch.zeros(2, 4)
+        >>> alpha[1, 2] = 1.0
+        >>> sets = [sl.HeadSet("zero_shot", torch.zeros(2, 4), 0), sl.HeadSet("one_head", alpha, 1),
+        ...         sl.HeadSet("site", fit.adapter.alpha, 8, mode="soft")]
+        >>> df = score_head_sets(model, task, fit.adapter.t, sets, split="valid", max_items=4)
+        >>> df["method"].tolist(), df["n"].tolist()       # one row per set, scored on the same 4 items
+        (['zero_shot', 'one_head', 'site'], [4, 4, 4])
+        >>> sorted({"exact_match", "first_token_acc", "prob"} & set(df.columns))
+        ['exact_match', 'first_token_acc', 'prob']
     """
     pairs = task.split(split)[:max_items]
     if not pairs:

@@ -51,7 +51,28 @@ def fit_shared(
     cfg: SelectionConfig | None = None,
     seed: int = 0,
 ) -> SharedFit:
-    """Train one theta over every task in ``tasks`` (``ts[name]`` is that task's t); fast path only."""
+    """Train one theta over every task in ``tasks`` (``ts[name]`` is that task's t); fast path only.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> tasks = {name: sl.load_task(name) for name in ("uppercase", "opposites")}
+        >>> ts = {name: sl.fit_site(model, task, cfg).adapter.t for name, task in tasks.items()}   # each task's own t
+        >>> shared = fit_shared(model, ts, tasks, cfg.selection)
+        >>> shared.tasks, shared.alpha.shape               # one gate for both
+        (['uppercase', 'opposites'], torch.Size([2, 4]))
+    """
     cfg = cfg or SelectionConfig()
     if cfg.objective != "first_token":
         raise ConfigError(f"the shared gate trains on the first answer token only, got objective {cfg.objective!r}")

@@ -134,6 +134,24 @@ def fit_sparse(
 
     ``theta`` starts the gate elsewhere than theta_init (a warm start, in the gate's own
     parameterisation); ``examples`` lends ready (train, valid) examples.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> sparse = fit_sparse(model, sl.load_task("uppercase"), sl.SparsityConfig(penalty="l0", weight=0.03), cfg)
+        >>> sparse.alpha.shape, sparse.mask().dtype       # the gate; the heads it keeps open
+        (torch.Size([2, 4]), torch.bool)
     """
     sparsity = sparsity or SparsityConfig()
     cfg = cfg or SiteConfig()
@@ -180,6 +198,28 @@ def sparse_path(
 
     ``dense`` is a SITE adapter of the same task and seed (its t is used throughout); every
     point trains ``steps`` steps with a fresh Adam and keeps its best valid (penalised) loss.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> task = sl.load_task("uppercase")
+        >>> dense = sl.fit_site(model, task, cfg).adapter
+        >>> path = sparse_path(model, task, [0.01, 0.1], dense, penalty="l0", steps=4, cfg=cfg)
+        >>> [fit.sparsity.weight for fit in path]
+        [0.01, 0.1]
+        >>> [int(fit.mask().sum()) <= 8 for fit in path]   # heads left open at each weight
+        [True, True]
     """
     if list(weights) != sorted(weights) or any(not math.isfinite(w) or w < 0 for w in weights):
         raise ConfigError(f"sparse_path needs finite weights >= 0 in increasing order, got {list(weights)}")

@@ -22,7 +22,33 @@ from .store import SCHEMA_VERSION, Atlas, AtlasError, load_folder
 
 
 def load_atlas(source: str | Path, revision: str | None = None) -> Atlas:
-    """An atlas from a folder, or from the Hub by id ("user/repo", ``revision`` pinned if given)."""
+    """An atlas from a folder, or from the Hub by id ("user/repo", ``revision`` pinned if given).
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> TASKS = ["uppercase", "opposites"]
+        >>> from site_lens.experiments.bench import run_bench
+        >>> bench = Path(tempfile.mkdtemp())              # what `site-lens bench` writes
+        >>> rows = run_bench(model, TASKS, ["site"], [0], bench, cfg=cfg)
+        >>> folder = sl.assemble_atlas(model, [bench]).save(f"{tempfile.mkdtemp()}/atlas")
+        >>> atlas = load_atlas(folder)                    # or a Hub id, "user/repo"
+        >>> atlas.tasks
+        ['opposites', 'uppercase']
+    """
     path = Path(source)
     if path.exists():
         if revision is not None:

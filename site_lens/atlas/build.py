@@ -105,6 +105,30 @@ def assemble_atlas(
 
     A later folder's row or theta replaces an earlier one's. Each folder's bench.json must name
     this model; every folder must record the same embedding settings (t depends on them).
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> TASKS = ["uppercase", "opposites"]
+        >>> from site_lens.experiments.bench import run_bench
+        >>> bench = Path(tempfile.mkdtemp())              # what `site-lens bench` writes
+        >>> rows = run_bench(model, TASKS, ["site"], [0], bench, cfg=cfg)
+        >>> atlas = assemble_atlas(model, [bench])
+        >>> atlas.tasks, atlas.seeds, len(atlas.heads)    # one row per (task, seed, layer, head)
+        (['opposites', 'uppercase'], [0], 16)
     """
     from ..experiments.bench import keep_t, kept_t
     from ..models import model_identity

@@ -70,6 +70,33 @@ def compare_atlases(
     The null shuffles whole task families onto families of the same size (a family's two list
     lengths stay together, as they do in the data), so near-duplicate tasks cannot narrow it.
     p is NaN where the statistic is (constant or missing overlaps); a NaN shuffle counts against.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> TASKS = ["uppercase", "opposites", "past-tense", "to-french"]
+        >>> from site_lens.experiments.bench import run_bench
+        >>> bench = Path(tempfile.mkdtemp())              # what `site-lens bench` writes
+        >>> rows = run_bench(model, TASKS, ["site"], [0], bench, cfg=cfg)
+        >>> atlas = sl.assemble_atlas(model, [bench])
+        >>> result = compare_atlases(atlas, atlas, k=(3, 3), n_perm=100)
+        >>> result["tasks"], result["pairs"], result["a"], result["b"]   # e.g. two models' atlases, in practice
+        (4, 6, 'tiny-2x4', 'tiny-2x4')
+        >>> 0 < result["p_value"] <= 1
+        True
     """
     tasks = sorted(set(a.tasks) & set(b.tasks))
     if len(tasks) < MIN_TASKS:

@@ -43,7 +43,16 @@ TOP_SHARE = 0.1  # a task's selected heads: its top 10 % by alpha (the head clai
 
 
 class AtlasError(ValueError):
-    """An atlas folder is missing, damaged, from a newer site-lens, or for another model."""
+    """An atlas folder is missing, damaged, from a newer site-lens, or for another model.
+
+    Example:
+        >>> import tempfile
+        >>> import site_lens as sl
+        >>> sl.load_atlas(tempfile.mkdtemp())            # an empty folder is no atlas
+        Traceback (most recent call last):
+            ...
+        site_lens.atlas.store.AtlasError: ...
+    """
 
 
 def key(task: str, seed: int) -> str:
@@ -57,6 +66,34 @@ class Atlas:
 
     ``heads`` has one row per (task, seed, layer, head); ``scores`` one per (task, seed, method);
     ``t`` maps "TASK/seedS" to the task embedding; ``manifest`` records what they depend on.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> TASKS = ["uppercase", "opposites"]
+        >>> from site_lens.experiments.bench import run_bench
+        >>> bench = Path(tempfile.mkdtemp())              # what `site-lens bench` writes
+        >>> rows = run_bench(model, TASKS, ["site"], [0], bench, cfg=cfg)
+        >>> atlas = sl.assemble_atlas(model, [bench])
+        >>> atlas.map("uppercase", seed=0).shape          # alpha per (layer, head)
+        torch.Size([2, 4])
+        >>> atlas.top_heads("uppercase", k=3)[["layer", "head"]].shape   # its three most open heads
+        (3, 2)
+        >>> atlas.adapter("uppercase", seed=0).theta.shape   # SITE for that task, ready to inject
+        torch.Size([2, 4])
     """
 
     manifest: dict[str, Any]

@@ -54,6 +54,20 @@ def generate_greedy(
     per call (``backend.backend_for``; ``backend="hooked"`` forces the hooked
     model, as do hooks attached to the model). Tests check the packed, hooked and
     uncached paths give the same tokens.
+
+    Example:
+        >>> import torch
+        >>> import site_lens as sl
+        >>> model = sl.tiny_model()
+        >>> new, logits = generate_greedy(model, [[1, 5, 7], [3, 5]], max_new_tokens=4, stop_ids=set())
+        >>> [len(toks) for toks in new], logits.shape    # 4 new tokens per prompt; the first step's logits
+        ([4, 4], torch.Size([2, 50]))
+        >>> t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+        >>> alpha = torch.full((model.cfg.n_layers, model.cfg.n_heads), 0.5)
+        >>> inject = lambda last: sl.injection_hooks(model, t, alpha, pos=last)  # at each prompt's last token
+        >>> new, _ = generate_greedy(model, [[1, 5, 7], [3, 5]], max_new_tokens=4, prefill_hooks=inject)
+        >>> len(new)
+        2
     """
     check_context(model, [len(p) for p in prompts], max_new_tokens)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))

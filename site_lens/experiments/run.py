@@ -49,6 +49,27 @@ def predict(
     generations and the first-step logits.
 
         sl.predict(model, ["river", "candle"], adapter)   # -> e.g. ['RIVER', 'CANDLE']
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> fit = sl.fit_site(model, sl.load_task("uppercase"), cfg)
+        >>> answers = predict(model, ["river", "candle"], fit.adapter, cfg.eval)   # SITE injected
+        >>> len(answers), all(isinstance(a, str) for a in answers)
+        (2, True)
+        >>> len(predict(model, ["river"], cfg=cfg.eval))   # zero-shot: no adapter
+        1
     """
     if isinstance(inputs, str):
         raise TypeError("predict takes a list of inputs, not one string: predict(model, [x], ...)")
@@ -66,6 +87,22 @@ def predict_with_logits(
     """Raw greedy generations and the first-step logits [batch, d_vocab] for whole prompt strings.
 
     The prompts are used as given (no formatting); SITE is injected if an adapter is given.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> prompt = sl.format_query("river")            # the zero-shot prompt; or a whole N-shot prompt
+        >>> texts, logits = predict_with_logits(model, [prompt], cfg=sl.EvalConfig(max_new_tokens=3))
+        >>> len(texts), logits.shape                     # raw generations; first-step logits (batch, d_vocab)
+        (1, torch.Size([1, 257]))
     """
     method: Method = Site.from_adapter(adapter) if adapter is not None else ZeroShot()
     return method.predict(model, prompts, cfg)
@@ -81,7 +118,30 @@ def evaluate(
     seed: int = 0,
     split: str = "test",
 ) -> Score:
-    """Score zero_shot, icl or site (given its adapter) on a split: first-token accuracy, exact and strict match."""
+    """Score zero_shot, icl or site (given its adapter) on a split: first-token accuracy, exact and strict match.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> task = sl.load_task("uppercase")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> fit = sl.fit_site(model, task, cfg)
+        >>> score = evaluate(model, task, "site", fit.adapter, cfg.eval)   # or "zero_shot", "icl"
+        >>> score["n_test"], sorted(k for k in score if k.endswith(("_acc", "_match")))
+        (2, ['exact_match', 'first_token_acc', 'option_acc', 'strict_match'])
+        >>> score["predictions"][0]["target"], type(score["predictions"][0]["output"]).__name__
+        ('EAST', 'str')
+    """
     if method not in RUN_METHODS:
         raise ConfigError(f"unknown method '{method}'; use one of {RUN_METHODS} (or methods.score_method for the others)")
     if method == "site" and adapter is None:
@@ -97,7 +157,28 @@ def run_task(
     methods: Sequence[str] = RUN_METHODS,
     progress: Callable[[int, float], None] | None = None,
 ) -> tuple[dict[str, Any], Adapter | None]:
-    """Fit and score zero-shot, N-shot ICL and SITE on the test split: (results.json's dict, SITE's adapter)."""
+    """Fit and score zero-shot, N-shot ICL and SITE on the test split: (results.json's dict, SITE's adapter).
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> results, adapter = run_task(model, sl.load_task("uppercase"), cfg)
+        >>> results["task"], results["n_test"], results["site"]["exact_match"] <= 1
+        ('uppercase', 2, True)
+        >>> adapter.theta.shape
+        torch.Size([2, 4])
+    """
     cfg = cfg or SiteConfig()
     ident = model_identity(model)
     out: dict[str, Any] = {

@@ -85,7 +85,29 @@ def minimal_sets(
     target: float = 0.9,
     cfg: SiteConfig | None = None,
 ) -> MinimalResult:
-    """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc)."""
+    """Dense SITE, CIE, the sparse paths and every head set scored on valid and test (see the module doc).
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> result = minimal_sets(model, sl.load_task("uppercase"), weights={"l0": (0.03,)}, path_steps=4,
+        ...                       ks=(1, 2), draws=1, max_valid=4, max_test=4, cfg=cfg)
+        >>> sorted(set(result.scores["split"])), len(result.fits)
+        (['test', 'valid'], 1)
+        >>> {"zero_shot", "site", "dense_alpha", "cie", "random", "sparse_l0"} <= set(result.scores["method"])
+        True
+    """
     cfg = dataclasses.replace(cfg or SiteConfig(), seed=seed)  # a copy: the caller's config is left alone
     seconds: dict[str, float] = {}
     stages = Progress(1 + 2 * rankings + len(weights) + 2, f"{task.name} seed {seed}", unit="stage")

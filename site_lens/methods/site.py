@@ -33,7 +33,28 @@ from .base import Method, TaskContext
 
 @dataclass
 class SiteFit:
-    """What ``fit_site`` returns: the adapter, its training history, seconds per stage, the backend that trained it."""
+    """What ``fit_site`` returns: the adapter, its training history, seconds per stage, the backend that trained it.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> fit = sl.fit_site(model, sl.load_task("uppercase"), cfg)
+        >>> type(fit).__name__, type(fit.adapter).__name__
+        ('SiteFit', 'Adapter')
+        >>> fit.history.best_step in fit.history.valid_step   # the adapter keeps the best valid theta
+        True
+    """
 
     adapter: Adapter
     history: TrainHistory
@@ -52,6 +73,27 @@ def fit_site(
 
     ``ctx`` (a ``TaskContext`` of the same task, seed and embedding config) lends its
     mean hook_z, which is the same t; FV and MTV use it too.
+
+    Example:
+        A tiny random model with a byte-level tokenizer stands in for a real one: its answers are
+        noise, but the calls and what they return are those of a real run.
+
+        >>> import site_lens as sl
+        >>> from tokenizers import ByteLevelBPETokenizer
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
+        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> task = sl.load_task("uppercase")
+        >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
+        ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
+        ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
+        >>> fit = fit_site(model, task, cfg)               # stage 1 (t), then stage 2 (theta)
+        >>> fit.adapter.t.shape, fit.adapter.alpha.shape
+        (torch.Size([2, 4, 8]), torch.Size([2, 4]))
+        >>> len(fit.history.loss), sorted(fit.seconds)
+        (2, ['embedding', 'selection'])
     """
     cfg = cfg or SiteConfig()
     seconds: dict[str, float] = {}

@@ -271,6 +271,14 @@ def model_identity(model: Model, processing: dict[str, bool] | None = None) -> d
     weights still show what they showed then, else what the config and weights
     show (module docstring); ``processing`` overrides or completes either.
     ModelError where a flag cannot be told and ``processing`` does not say.
+
+    Example:
+        >>> import site_lens as sl
+        >>> ident = model_identity(sl.tiny_model())
+        >>> ident["name"], ident["n_layers"], ident["n_heads"], ident["d_head"]
+        ('tiny-2x4', 2, 4, 8)
+        >>> sorted(ident["processing"])                  # weight processing an adapter must match
+        ['center_unembed', 'center_writing_weights', 'fold_ln', 'fold_value_biases', 'refactor_factored_attn_matrices']
     """
     seen = detect_processing(model)
     known, known_seen = _REGISTRY.get(model, (None, None))

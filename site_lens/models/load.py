@@ -133,6 +133,15 @@ def load_model(
         device_map: the bridge only: accelerate's placement, e.g.
             ``{"model.layers.0": "cuda:0", ..., "lm_head": "cpu"}`` or ``"auto"``.
         max_memory: the bridge only: accelerate's memory limit per device, with ``device_map``.
+
+    Example:
+        Loading converts the embedded GGUF weights (tens of seconds, more the first time), so this
+        example is not run by the tests; ``tiny_model`` gives a random model in milliseconds.
+
+        >>> import site_lens as sl
+        >>> model = sl.load_model("smollm2-135m")         # doctest: +SKIP
+        >>> model.cfg.n_layers, model.cfg.n_heads         # doctest: +SKIP
+        (30, 9)
     """
     engine = check_engine(engine)
     if engine == "bridge" and n_devices != 1:

@@ -68,6 +68,14 @@ def build_task_embedding(
 
     ``prompts`` are N-shot prompt strings (see ``tasks.sample_icl_prompts``) or
     token-id lists.
+
+    Example:
+        >>> import site_lens as sl
+        >>> model = sl.tiny_model()
+        >>> prompts = [[1, 5, 7, 2, 9, 4], [3, 5, 8, 2, 6]]   # token ids of N-shot prompts (or prompt strings)
+        >>> t = build_task_embedding(model, prompts)
+        >>> t.shape                                       # (layer, head, d_head)
+        torch.Size([2, 4, 8])
     """
     if len(prompts) == 0:
         raise ValueError("build_task_embedding needs at least one prompt")

@@ -39,7 +39,20 @@ log = logging.getLogger(__name__)
 
 
 class AlphaTrainer:
-    """Trains an ``AlphaGate`` for one task embedding on a frozen model."""
+    """Trains an ``AlphaGate`` for one task embedding on a frozen model.
+
+    Example:
+        >>> import torch
+        >>> import site_lens as sl
+        >>> from site_lens.tokens import Example
+        >>> model = sl.tiny_model()
+        >>> t = sl.build_task_embedding(model, [[1, 5, 7, 2, 9, 4], [3, 5, 8, 2, 6]])
+        >>> train = [Example(tokens=[1, 5], target=7), Example(tokens=[3, 5], target=8)]  # prompt, answer token
+        >>> trainer = AlphaTrainer(model, t, sl.SelectionConfig(steps=4, eval_every=2), seed=0)
+        >>> gate = trainer.fit(train, valid=train)
+        >>> gate.alpha().shape, len(trainer.history.loss)
+        (torch.Size([2, 4]), 4)
+    """
 
     def __init__(
         self,
