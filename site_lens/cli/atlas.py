@@ -35,7 +35,7 @@ def add_atlas_parsers(p: argparse.ArgumentParser, verbose: argparse.ArgumentPars
         q.set_defaults(func=func)
         return q
 
-    q = add("build", cmd_atlas_build, "an atlas from finished bench folders (their SITE thetas and scores; t recomputed)")
+    q = add("build", cmd_atlas_build, "an atlas from finished bench folders (their SITE thetas and scores; t as bench kept it, else recomputed)")
     q.add_argument("--model", default="smollm2-135m", help="the model the bench folders ran (default: smollm2-135m)")
     q.add_argument("--device", default=None, help="cpu, cuda, ... (default: cpu)")
     q.add_argument("--from", dest="folders", type=comma_list, required=True, help="comma list of bench folders")
