@@ -78,4 +78,4 @@ bbh: venv
 	$(PY) -m site_lens data bbh --out data/bbh
 
 clean:
-	rm -rf $(VENV) $(VENV_TL4) .pytest_cache
+	rm -rf $(VENV) $(VENV_TL4) .pytest_cache site

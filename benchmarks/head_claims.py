@@ -274,6 +274,8 @@ def main() -> None:
         help="(a) on these tasks only, to split it between processes: writes their patching files, no summary",
     )  # fmt: skip
     args = ap.parse_args()
+    if args.atlas and args.minimal:
+        ap.error("--atlas and --minimal name two sources of alphas: give one of them")
     if (args.patch_tasks or args.patch_seeds) and not args.patching:
         ap.error("--patch-tasks and --patch-seeds choose what (a) runs on: add --patching")
     if args.patch_tasks and args.committed_only:
@@ -290,10 +292,20 @@ def main() -> None:
         atlas = load_atlas(args.atlas)
         if atlas.model["name"] != args.model:
             ap.error(f"--atlas {args.atlas} is an atlas of {atlas.model['name']}, not {args.model}")
+        import site_lens as sl
+
+        if atlas.manifest["config"]["embedding"] != sl.EmbeddingConfig().to_dict():
+            # (a)'s committed patching files were made with t from stage 1 at the default settings: the atlas's
+            # t must be that t for them to stand for it (with a theta that equals the atlas's, checked below)
+            ap.error(f"--atlas {args.atlas}: its t was made with other embedding settings than the patching files")
         adapters = {f"{t}/seed{s}": atlas.adapter(t, s) for t in atlas.tasks for s in atlas.seeds if f"{t}/seed{s}" in atlas.t}
         thetas = {key: a.theta for key, a in adapters.items()}
         root = results / "seeds" / args.model
         fig_stem = args.model
+        fitted = collect_thetas(root)  # what the committed patching files were made with
+        differ = sorted(k for k, v in thetas.items() if k in fitted and not torch.equal(fitted[k].flatten(), v.flatten()))
+        if differ:
+            ap.error(f"--atlas {args.atlas}: theta of {', '.join(differ[:3])} differs from {root}'s fits")
     else:
         root = results / "seeds" / args.model
         thetas = collect_thetas(root)

@@ -85,7 +85,9 @@ def _api_page() -> str:
         "",
         (
             "Every name that `import site_lens as sl` gives, linked to its documentation under the module"
-            " that defines it; the pages below this one document each module in full."
+            " that defines it; the pages below this one document each module in full. Each entry has an example"
+            " that the test suite runs; those built on `sl.tiny_model` (a tiny random HookedTransformer) need"
+            " TransformerLens 3.9 (`make venv`, or `pip install \".[tl3]\"`), the others run on either line."
         ),
         "",
         "| name | module | what it is |",

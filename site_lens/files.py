@@ -59,3 +59,18 @@ def _chmod(path: Path, mask: int) -> None:
     full = 0o777 if stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR else 0o666
     if stat.S_IMODE(st.st_mode) != full & ~mask:
         os.chmod(path, full & ~mask)
+
+
+def save_tensors(path: str | Path, tensors: dict) -> None:
+    """``tensors`` as the safetensors file ``path``, written whole or not at all (a temp name renamed into
+    place), with the mode ``open()`` gives."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp))
+        plain_modes(tmp)  # safetensors writes 0600
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -55,10 +55,13 @@ def test_assembled_atlas_holds_every_task_and_seed_as_tidy_tables(made):
     assert atlas.manifest["tasks"]["upper"]["family"] == "upper" and atlas.manifest["schema_version"] == SCHEMA_VERSION
 
 
-def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_path):
+def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_path, monkeypatch):
+    import dataclasses
     import shutil
 
-    from site_lens.experiments.bench import T_FILE, kept_t, t_path
+    from site_lens.experiments import bench as bench_mod
+    from site_lens.experiments.bench import T_FILE, keep_t, kept_t, t_label, t_path
+    from site_lens.models import model_identity
     from site_lens.stages.embeddings import task_embedding
     from site_lens.tasks import load_task
 
@@ -69,8 +72,14 @@ def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_pa
         assert torch.equal(atlas.t[f"{name}/seed{seed}"], again)
     bench = tmp_path / "bench"
     shutil.copytree(made["bench"], bench)
+    upper = load_task("upper", data_dir=made["data"])
+    name, dtype = model_identity(model)["name"], str(model.cfg.dtype)
+    assert kept_t(bench, "upper", 0, t_label(name, dtype, CFG.embedding, upper)) is not None
     other = SiteConfig.from_dict({**CFG.to_dict(), "embedding": {**CFG.embedding.to_dict(), "batch_size": 1}})
-    assert kept_t(bench, "upper", 0, "tiny", other.embedding) is None  # made otherwise: not taken
+    moved = dataclasses.replace(upper, train=upper.train[1:])  # the same name over other data
+    for label in (t_label(name, dtype, other.embedding, upper), t_label(name, dtype, CFG.embedding, moved),
+                  t_label(name, "bfloat16", CFG.embedding, upper), t_label("other", dtype, CFG.embedding, upper)):
+        assert kept_t(bench, "upper", 0, label) is None  # made otherwise: not taken
     t_path(bench, "upper", 0).unlink()
     t_path(bench, "lower", 1).write_bytes(b"truncated")
     seen = []
@@ -81,6 +90,15 @@ def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_pa
     seen.clear()
     assemble_atlas(model, [bench], data_dir=made["data"], command="test", progress=seen.append)
     assert not any("t recomputed" in p for p in seen)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench_mod, "write_bytes_atomic", full)
+    assert keep_t(bench, "upper", 0, atlas.t["upper/seed0"], t_label(name, dtype, CFG.embedding, upper)) is False
+    t_path(bench, "upper", 0).unlink()
+    again = assemble_atlas(model, [bench], data_dir=made["data"], command="test")  # a folder it cannot write: built
+    assert torch.equal(again.t["upper/seed0"], atlas.t["upper/seed0"]) and not t_path(bench, "upper", 0).exists()
 
 
 def test_the_adapter_from_the_atlas_gives_the_bench_rows_scores_exactly(made):

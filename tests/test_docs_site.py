@@ -44,8 +44,12 @@ def test_every_public_name_has_an_example(name):
 
 
 @pytest.mark.parametrize("name", WITH_EXAMPLES)
-def test_docstring_examples_run(name):
+def test_docstring_examples_run(name, tmp_path, monkeypatch):
+    import tempfile
+
     from site_lens.models.engines import HOOKED
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' mkdtemp folders go with the test
 
     tests = _examples(name)
     if HOOKED is None and any("tiny_model(" in e.source for t in tests for e in t.examples):

@@ -4,12 +4,13 @@
     atlas.save("atlases/smollm2-135m")
 
 A bench folder holds each SITE row's theta (the rows' ``info``, or ``theta.safetensors`` "TASK/seedS"
-where the row files are not kept) and the scores in rows.csv; t is not kept there, so it is
+where the row files are not kept) and the scores in rows.csv. ``bench`` keeps each (task, seed)'s t
+beside its row files (``rows/TASK/seedS/t.safetensors``, labelled with the model, its dtype, the
+embedding settings and a digest of the task's train pairs); where none is kept under that label, t is
 recomputed: stage 1 with the row's seed and the folder's recorded embedding settings, the same
-prompts the fit used. ``bench`` keeps each (task, seed)'s t beside its row files
-(``rows/TASK/seedS/t.safetensors``, labelled with the model and the settings), and assembling keeps
-the t it computes there too, so a stopped assembly resumes and none is computed twice. What is missing is fitted by ``site-lens bench`` first (its rows, locks,
-shards and resumption); assembling trains nothing.
+prompts the fit used, and kept there in turn where the folder has row files, so a stopped assembly
+resumes. What is missing is fitted by ``site-lens bench`` first (its rows, locks, shards and
+resumption); assembling trains nothing.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def assemble_atlas(
     command: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Atlas:
-    """An atlas from finished bench folders: every (task, seed) with a SITE theta, t recomputed by stage 1.
+    """An atlas from finished bench folders: every (task, seed) with a SITE theta, t as bench kept it or from stage 1.
 
     A later folder's row or theta replaces an earlier one's. Each folder's bench.json must name
     this model; every folder must record the same embedding settings (t depends on them).
@@ -130,7 +131,7 @@ def assemble_atlas(
         >>> atlas.tasks, atlas.seeds, len(atlas.heads)    # one row per (task, seed, layer, head)
         (['opposites', 'uppercase'], [0], 16)
     """
-    from ..experiments.bench import keep_t, kept_t
+    from ..experiments.bench import keep_t, kept_t, t_label
     from ..models import model_identity
     from ..stages.embeddings import task_embedding
 
@@ -170,12 +171,12 @@ def assemble_atlas(
             raise AtlasError(f"theta of {key(name, seed)} has {theta.numel()} values; {ident['name']} has {n_l * n_h} heads")
         theta = theta.reshape(n_l, n_h)
         k = key(name, seed)
-        t = next((x for f in folders if (x := kept_t(f, name, seed, ident["name"], cfg.embedding)) is not None), None)
-        how = "t kept by the bench run"
+        label = t_label(ident["name"], str(model.cfg.dtype), cfg.embedding, task)
+        t, how = kept_t(home[k], name, seed, label), "t kept by the bench run"  # beside the theta it goes with
         if t is None:
             t, how = task_embedding(model, task, cfg.embedding, seed).float(), "t recomputed"
-            if (home[k] / "rows").is_dir():
-                keep_t(home[k], name, seed, t, ident["name"], cfg.embedding)
+            if (home[k] / "rows").is_dir():  # a folder of row files (never one restored from rows.csv alone)
+                keep_t(home[k], name, seed, t, label)
         t_store[k] = t.float()
         heads.append(_head_rows(name, seed, theta))
         if progress is not None:

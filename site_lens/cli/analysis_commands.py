@@ -105,7 +105,6 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""
     from ..experiments.report import analyse_runs
     from ..models import load_model
-
     from ..tasks import TaskError
 
     runs = _find_runs(args.runs)
@@ -114,6 +113,8 @@ def cmd_analyse(args: argparse.Namespace) -> int:
     name = args.model
     if name is None:  # the model the adapters were trained on
         names = sorted({str(r.adapter.model.get("name")) for r in runs})
+        if "None" in names:
+            raise TaskError(f"an adapter under {args.runs} records no model name: choose the model with --model")
         if len(names) != 1:
             raise TaskError(f"the runs under {args.runs} were trained on {', '.join(names)}: choose one with --model")
         name = names[0]

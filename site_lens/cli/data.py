@@ -88,23 +88,33 @@ def cmd_data_bbh(args: argparse.Namespace) -> int:
 
 
 def cmd_data_hf(args: argparse.Namespace) -> int:
-    from ..sources.hub import convert_dataset
     from .commands import check_writable, remove_empty
 
     made = check_writable(Path(args.out))
     try:
+        written = _data_hf(args)
+    except BaseException:
+        remove_empty(made)  # a failed load or conversion leaves no empty folder behind
+        raise
+    for path in written:
+        print(path)
+    return 0
+
+
+def _data_hf(args: argparse.Namespace) -> list[Path]:
+    from ..sources.hub import convert_dataset
+
+    try:
         import datasets
     except ImportError:
-        remove_empty(made)
         raise SourceError("site-lens data hf needs the datasets package (pip install datasets)") from None
     try:
         ds = datasets.load_dataset(args.name, args.config)
     except Exception as e:  # the hub's errors are many and unrelated; name the dataset and the cause
-        remove_empty(made)
         raise SourceError(
             f"cannot load dataset {args.name!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}"
         ) from None
-    written = convert_dataset(
+    return convert_dataset(
         ds,
         Path(args.out),
         args.task_name or args.name.split("/")[-1].lower().replace("-", "_"),
@@ -119,9 +129,6 @@ def cmd_data_hf(args: argparse.Namespace) -> int:
         source=f"datasets.load_dataset({args.name!r}, {args.config!r})",
         overwrite=args.overwrite,
     )
-    for path in written:
-        print(path)
-    return 0
 
 
 def add_data_parsers(p: argparse.ArgumentParser, verbose: argparse.ArgumentParser) -> None:

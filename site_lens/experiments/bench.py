@@ -26,6 +26,7 @@ every row on disk, so concurrent writers cannot drop each other's rows.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import os
@@ -118,16 +119,32 @@ def t_path(out: Path, task: str, seed: int) -> Path:
     return out / ROWS_DIR / task / f"seed{seed}" / T_FILE
 
 
-def keep_t(out: Path, task: str, seed: int, t: Any, model_name: str, embedding: EmbeddingConfig) -> None:
-    """Keep a (task, seed)'s t beside its rows, labelled with the model and the embedding settings that made it."""
+def t_label(model_name: str, dtype: str, embedding: EmbeddingConfig, task: Any) -> dict[str, str]:
+    """What a kept t depends on: the model, its dtype, stage 1's settings and the task's train pairs (its prompts)."""
+    pairs = json.dumps([list(p) for p in task.train], ensure_ascii=False)
+    return {
+        "model": model_name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "embedding": json.dumps(embedding.to_dict(), sort_keys=True),
+        "train_sha256": hashlib.sha256(pairs.encode()).hexdigest(),
+    }
+
+
+def keep_t(out: Path, task: str, seed: int, t: Any, label: dict[str, str]) -> bool:
+    """Keep a (task, seed)'s t beside its rows, labelled (``t_label``); False (and a log line) where it cannot be
+    written: keeping t saves later work, its absence costs only a recomputation."""
     from safetensors.torch import save
 
-    meta = {"model": model_name, "embedding": json.dumps(embedding.to_dict(), sort_keys=True)}
-    write_bytes_atomic(t_path(out, task, seed), save({"t": t.detach().float().cpu().contiguous()}, metadata=meta))
+    try:
+        write_bytes_atomic(t_path(out, task, seed), save({"t": t.detach().float().cpu().contiguous()}, metadata=label))
+    except OSError as e:
+        log.warning("t of %s seed %d not kept under %s (%s)", task, seed, out, e.strerror or e)
+        return False
+    return True
 
 
-def kept_t(out: Path, task: str, seed: int, model_name: str, embedding: EmbeddingConfig) -> Any:
-    """The t ``keep_t`` kept for this model and these settings, or None (absent, unreadable or made otherwise)."""
+def kept_t(out: Path, task: str, seed: int, label: dict[str, str]) -> Any:
+    """The t ``keep_t`` kept under this label, or None (absent, unreadable or made otherwise)."""
     from safetensors import safe_open
 
     path = t_path(out, task, seed)
@@ -135,11 +152,7 @@ def kept_t(out: Path, task: str, seed: int, model_name: str, embedding: Embeddin
         return None
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            same = meta.get("model") == model_name and meta.get("embedding") == json.dumps(
-                embedding.to_dict(), sort_keys=True
-            )
-            return f.get_tensor("t") if same else None
+            return f.get_tensor("t") if (f.metadata() or {}) == label else None
     except Exception:  # a truncated or foreign file: recomputed, never trusted
         return None
 
@@ -354,8 +367,10 @@ def run_bench(
                             progress.done(f"{name} seed {seed} {m}: dropped (lock taken over)")
                             continue
                         write_json_atomic(path, on_disk)
-                        if ctx._mean_z is not None and not t_path(out, name, seed).is_file():
-                            keep_t(out, name, seed, ctx._mean_z, ident["name"], cfg.embedding)
+                        if ctx._mean_z is not None:  # stage 1's t, kept for an atlas (a stale one replaced)
+                            label = t_label(ident["name"], dtype, cfg.embedding, task)
+                            if kept_t(out, name, seed, label) is None:
+                                keep_t(out, name, seed, ctx._mean_z, label)
                     progress.done(
                         f"{name} seed {seed} {m}: prefix {row['exact_match']:.2f} strict {row['strict_match']:.2f}"
                     )

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from ..adapter import CFG_FILE, WEIGHTS_FILE, Adapter, load_adapter
-from ..files import plain_modes
+from ..files import save_tensors
 
 log = logging.getLogger(__name__)
 PATCHING_FILE = "patching.csv"
@@ -110,7 +110,6 @@ def analyse_runs(
     n_shots: int = 10,
 ) -> None:
     """Write patching.csv and cie.safetensors into each run folder, transfer.csv next to them (skips existing)."""
-    from safetensors.torch import save_file
 
     from ..analysis.overlap import transfer_matrix
     from ..analysis.patching import head_patching_sweep
@@ -139,8 +138,7 @@ def analyse_runs(
             if redo or not (run.path / CIE_FILE).is_file():
                 progress.start(f"{run.name}: CIE")
                 cie = causal_indirect_effect(model, task, run.adapter.t, n_prompts=cie_prompts, n_shots=n_shots)
-                save_file({"cie": cie.contiguous()}, str(run.path / CIE_FILE))
-                plain_modes(run.path / CIE_FILE)  # safetensors writes 0600; open() would give the umask's mode
+                save_tensors(run.path / CIE_FILE, {"cie": cie.contiguous()})  # whole or absent: a rerun redoes it
                 progress.done(f"{run.name}: CIE over {cie.numel()} heads")
             else:
                 progress.skip()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from ..analysis.minimal import (
 )
 from ..analysis.sparse import SparseFit, sparse_path
 from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
-from ..files import plain_modes
+from ..files import save_tensors
 from ..methods.site import fit_site
 from ..models.engines import Model
 from ..models.identity import model_identity
@@ -110,46 +109,45 @@ def minimal_sets(
     """
     cfg = dataclasses.replace(cfg or SiteConfig(), seed=seed)  # a copy: the caller's config is left alone
     seconds: dict[str, float] = {}
-    stages = Progress(1 + 2 * rankings + len(weights) + 2, f"{task.name} seed {seed}", unit="stage")
-    stages.start(f"{task.name} seed {seed}: dense SITE")
-    t0 = time.perf_counter()
-    dense = fit_site(model, task, cfg).adapter
-    seconds["dense"] = time.perf_counter() - t0
-    stages.done(f"{task.name} seed {seed}: dense SITE")
-    cie = attribution = None
-    if rankings:
+    with Progress(1 + 2 * rankings + len(weights) + 2, f"{task.name} seed {seed}", unit="stage") as stages:
+        stages.start(f"{task.name} seed {seed}: dense SITE")
         t0 = time.perf_counter()
-        cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
-        seconds["cie"] = time.perf_counter() - t0
-        stages.done(f"{task.name} seed {seed}: CIE")
-        t0 = time.perf_counter()  # as many prompts as CIE's, zero-shot from train: SITE's own setting
-        attribution = _attribution(model, task, dense.t)
-        seconds["attribution"] = time.perf_counter() - t0
-        stages.done(f"{task.name} seed {seed}: attribution")
-    fits: list[SparseFit] = []
-    for penalty, ws in weights.items():
+        dense = fit_site(model, task, cfg).adapter
+        seconds["dense"] = time.perf_counter() - t0
+        stages.done(f"{task.name} seed {seed}: dense SITE")
+        cie = attribution = None
+        if rankings:
+            t0 = time.perf_counter()
+            cie = causal_indirect_effect(model, task, dense.t, n_shots=cfg.embedding.n_shots, seed=seed)
+            seconds["cie"] = time.perf_counter() - t0
+            stages.done(f"{task.name} seed {seed}: CIE")
+            t0 = time.perf_counter()  # as many prompts as CIE's, zero-shot from train: SITE's own setting
+            attribution = _attribution(model, task, dense.t)
+            seconds["attribution"] = time.perf_counter() - t0
+            stages.done(f"{task.name} seed {seed}: attribution")
+        fits: list[SparseFit] = []
+        for penalty, ws in weights.items():
+            t0 = time.perf_counter()
+            fits += sparse_path(model, task, list(ws), dense, penalty, path_steps, cfg)
+            seconds[f"path_{penalty}"] = time.perf_counter() - t0
+            stages.done(f"{task.name} seed {seed}: {penalty} path, {len(ws)} weights")
+        alpha = dense.alpha
+        sets = reference_sets(alpha) + sparse_sets(fits, thresholds)
+        if rankings:
+            assert cie is not None
+            total = alpha.numel()
+            sparse_ks = {int(f.mask(th).sum()) for f in fits for th in thresholds if f.sparsity.penalty == "l0"}
+            matched = sorted(sparse_ks | set(ks) | {total})  # the grid and every k an L0 mask reached
+            matched = [k for k in matched if 0 < k <= total]
+            sets += ranking_sets(alpha, matched, "dense_alpha") + ranking_sets(cie, matched, "cie")
+            sets += ranking_sets(attribution, matched, "attribution")
+            sets += random_sets(alpha.shape, matched, draws, seed)
         t0 = time.perf_counter()
-        fits += sparse_path(model, task, list(ws), dense, penalty, path_steps, cfg)
-        seconds[f"path_{penalty}"] = time.perf_counter() - t0
-        stages.done(f"{task.name} seed {seed}: {penalty} path, {len(ws)} weights")
-    alpha = dense.alpha
-    sets = reference_sets(alpha) + sparse_sets(fits, thresholds)
-    if rankings:
-        assert cie is not None
-        total = alpha.numel()
-        sparse_ks = {int(f.mask(th).sum()) for f in fits for th in thresholds if f.sparsity.penalty == "l0"}
-        matched = sorted(sparse_ks | set(ks) | {total})  # the grid and every k an L0 mask reached
-        matched = [k for k in matched if 0 < k <= total]
-        sets += ranking_sets(alpha, matched, "dense_alpha") + ranking_sets(cie, matched, "cie")
-        sets += ranking_sets(attribution, matched, "attribution")
-        sets += random_sets(alpha.shape, matched, draws, seed)
-    t0 = time.perf_counter()
-    frames = []
-    for split, limit in (("valid", max_valid), ("test", max_test)):
-        frames.append(score_head_sets(model, task, dense.t, sets, split, limit))
-        stages.done(f"{task.name} seed {seed}: {len(sets)} head sets scored on {split}")
-    seconds["scoring"] = time.perf_counter() - t0
-    stages.close()
+        frames = []
+        for split, limit in (("valid", max_valid), ("test", max_test)):
+            frames.append(score_head_sets(model, task, dense.t, sets, split, limit))
+            stages.done(f"{task.name} seed {seed}: {len(sets)} head sets scored on {split}")
+        seconds["scoring"] = time.perf_counter() - t0
     log.info("%s seed %d: %d head sets scored on valid and test; seconds %s", task.name, seed, len(sets), seconds)
     scores = pd.concat(frames, ignore_index=True)
     scores.insert(1, "seed", seed)
@@ -185,12 +183,7 @@ def _attribution(model: Model, task: Task, t: torch.Tensor) -> torch.Tensor:
 
 def _save_tensors(folder: Path, name: str, tensors: dict) -> None:
     """``tensors`` as the safetensors file ``folder / name``, written whole or not at all, with open()'s mode."""
-    from safetensors.torch import save_file
-
-    tmp = folder / f".{name}.tmp"
-    save_file(tensors, str(tmp))
-    plain_modes(tmp)  # safetensors writes 0600
-    os.replace(tmp, folder / name)
+    save_tensors(folder / name, tensors)
 
 
 def _recovery_and_smallest(

@@ -39,7 +39,8 @@ def build_cfg(**overrides: Any) -> Any:
 
 
 def tiny_model(tokenizer: Any = None, **overrides: Any) -> Model:
-    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer.
+    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer; TransformerLens 3.x
+    only (4.0 removed HookedTransformer).
 
     Example:
         >>> model = tiny_model()
