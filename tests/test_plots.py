@@ -277,3 +277,34 @@ def test_claims_figures_draw_what_they_are_given():
     fig = seed_stability_figure(stab)
     assert list(fig.data[0].y) == [0.5, 0.2] and list(fig.data[1].y) == [0.9, 0.1]
     assert any(np.isclose(s.y0, 0.05) for s in fig.layout.shapes)
+
+
+def test_png_export_is_retried_once_after_it_has_worked(tmp_path, monkeypatch, caplog):
+    """kaleido's page can fail once on a loaded machine: a failure after a success is retried, once."""
+    from pathlib import Path
+
+    from site_lens.analysis.plots import theme
+
+    calls = []
+
+    def flaky(self, path, **kw):
+        calls.append(path)
+        if len(calls) == 2:
+            raise RuntimeError("{'description': 'ReferenceError: kaleido_scopes is not defined'" + " x" * 200 + "}")
+        Path(path).write_bytes(b"png")
+
+    monkeypatch.setattr(go.Figure, "write_image", flaky)
+    monkeypatch.setattr(theme, "_PNG_WORKED", [])
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[1, 2]))
+    assert [p.suffix for p in theme.save_figure(fig, tmp_path / "a")] == [".html", ".png"]
+    assert [p.suffix for p in theme.save_figure(fig, tmp_path / "b")] == [".html", ".png"]  # failed, then retried
+    assert len(calls) == 3 and not [r for r in caplog.records if "PNG" in r.getMessage()]
+
+    def broken(self, path, **kw):
+        raise RuntimeError("{'description': 'no browser'" + " x" * 200 + "}")
+
+    monkeypatch.setattr(go.Figure, "write_image", broken)
+    monkeypatch.setattr(theme, "_PNG_WORKED", [])  # never worked here: no retry, one short warning
+    assert [p.suffix for p in theme.save_figure(fig, tmp_path / "c")] == [".html"]
+    (record,) = [r for r in caplog.records if "PNG" in r.getMessage()]
+    assert "PNG export unavailable" in record.getMessage() and len(record.getMessage()) < 300

@@ -303,12 +303,22 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
     _write_plotly_js(stem.parent)
     written = [stem.with_suffix(".html")]
     fig.write_html(str(written[0]), include_plotlyjs=PLOTLY_JS)
-    try:
-        fig.write_image(str(stem.with_suffix(".png")), scale=SCALE)
-        written.append(stem.with_suffix(".png"))
-    except Exception as e:  # no kaleido or no browser: HTML still written
-        log.warning("PNG export unavailable (%s); wrote HTML only", _export_error(e))
+    png = stem.with_suffix(".png")
+    for attempt in (1, 2):
+        try:
+            fig.write_image(str(png), scale=SCALE)
+            written.append(png)
+            _PNG_WORKED.append(True)
+            break
+        except Exception as e:  # no kaleido or no browser: HTML still written
+            if attempt == 1 and _PNG_WORKED:  # it worked before in this process: kaleido's page was not ready
+                continue  # (seen on a loaded machine: "kaleido_scopes is not defined"); once more
+            log.warning("PNG export unavailable (%s); wrote HTML only", _export_error(e))
+            break
     return written
+
+
+_PNG_WORKED: list[bool] = []  # a PNG export succeeded in this process (then a failure is retried once)
 
 
 _JS_CHECKED: set[Path] = set()
@@ -347,4 +357,5 @@ def show(fig: go.Figure, scale: float = SCALE):
 
 def _export_error(e: Exception) -> str:
     msg = str(e).strip().split("\n")[0] or e.__class__.__name__
+    msg = msg if len(msg) <= 160 else msg[:157] + "..."  # a browser's error can be a whole JSON record
     return f"{msg}; for PNG export install a Chromium: `make chromium` or `apt-get install chromium`"
