@@ -165,6 +165,7 @@ def test_run_then_predict_with_the_saved_adapter(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "SITE" in table and "[" in table  # scores with their interval
+    assert "a row stops at its first newline" in table  # the legend says what the columns are
     res = json.loads((out / "results.json").read_text())
     assert res["n_test"] == 3 and res["site"]["n_test"] == 3
     inputs = tmp_path / "in.txt"

@@ -63,6 +63,11 @@ def _progress_bar(total: int, desc: str) -> tuple[Callable[[int, float], None], 
 
 
 METHOD_LABELS = {"zero_shot": "zero-shot", "icl": "ICL", "site": "SITE"}
+LEGEND = (  # under every scores table of run and demo
+    "[lo, hi]: 95 % Wilson interval over the n test items. prefix match: the paper's exact match (the answer\n"
+    "starts the first line); strict: the first line is the answer. ms/query: batched generation time per test item\n"
+    "(a row stops at its first newline: answers that run on, as zero-shot's often do, decode more tokens)."
+)
 
 
 def _cell(rate: float, n: int) -> str:
@@ -155,6 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
     res = run_one(model, task, cfg, out, time.perf_counter() - t0)
     print(_table(_rows(res)))
+    print(LEGEND)
     print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res["seconds"].items()))
     print(f"wrote {out / 'results.json'} and {out / 'adapter'}/")
     return 0
@@ -189,11 +195,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(_table(_rows(res)).split("\n", 2)[-1], flush=True)
     print()
     print(_table(rows))
-    print(
-        "[lo, hi]: 95 % Wilson interval over the n test items. prefix match: the paper's exact match (the answer\n"
-        "starts the first line); strict: the first line is the answer. ms/query: batched generation time per test item\n"
-        "(a row stops at its first newline: answers that run on, as zero-shot's often do, decode more tokens)."
-    )
+    print(LEGEND)
     from ..adapter import load_adapter
     from ..analysis.plots import alpha_heatmap, save_figure, training_curve
 
