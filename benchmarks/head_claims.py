@@ -294,7 +294,7 @@ def main() -> None:
             ap.error(f"--atlas {args.atlas} is an atlas of {atlas.model['name']}, not {args.model}")
         import site_lens as sl
 
-        if atlas.manifest["config"]["embedding"] != sl.EmbeddingConfig().to_dict():
+        if atlas.manifest.get("config", {}).get("embedding") != sl.EmbeddingConfig().to_dict():
             # (a)'s committed patching files were made with t from stage 1 at the default settings: the atlas's
             # t must be that t for them to stand for it (with a theta that equals the atlas's, checked below)
             ap.error(f"--atlas {args.atlas}: its t was made with other embedding settings than the patching files")
