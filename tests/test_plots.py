@@ -300,6 +300,15 @@ def test_png_export_is_retried_once_after_it_has_worked(tmp_path, monkeypatch, c
     assert [p.suffix for p in theme.save_figure(fig, tmp_path / "b")] == [".html", ".png"]  # failed, then retried
     assert len(calls) == 3 and not [r for r in caplog.records if "PNG" in r.getMessage()]
 
+    def twice(self, path, **kw):
+        raise RuntimeError("kaleido_scopes is not defined")
+
+    monkeypatch.setattr(go.Figure, "write_image", twice)  # it worked before: retried, then said as what it is
+    assert [p.suffix for p in theme.save_figure(fig, tmp_path / "d")] == [".html"]
+    (record,) = [r for r in caplog.records if "PNG" in r.getMessage()]
+    assert record.getMessage().startswith("PNG export of d failed twice") and "install" not in record.getMessage()
+    caplog.clear()
+
     def broken(self, path, **kw):
         raise RuntimeError("{'description': 'no browser'" + " x" * 200 + "}")
 

@@ -313,7 +313,10 @@ def save_figure(fig: go.Figure, stem: str | Path) -> list[Path]:
         except Exception as e:  # no kaleido or no browser: HTML still written
             if attempt == 1 and _PNG_WORKED:  # it worked before in this process: kaleido's page was not ready
                 continue  # (seen on a loaded machine: "kaleido_scopes is not defined"); once more
-            log.warning("PNG export unavailable (%s); wrote HTML only", _export_error(e))
+            if _PNG_WORKED:  # a browser is there: this figure failed twice, the next may not
+                log.warning("PNG export of %s failed twice (%s); wrote HTML only", stem.name, _short(e))
+            else:
+                log.warning("PNG export unavailable (%s); wrote HTML only", _export_error(e))
             break
     return written
 
@@ -355,7 +358,11 @@ def show(fig: go.Figure, scale: float = SCALE):
         fig.show()
 
 
-def _export_error(e: Exception) -> str:
+def _short(e: Exception) -> str:
     msg = str(e).strip().split("\n")[0] or e.__class__.__name__
-    msg = msg if len(msg) <= 160 else msg[:157] + "..."  # a browser's error can be a whole JSON record
+    return msg if len(msg) <= 160 else msg[:157] + "..."  # a browser's error can be a whole JSON record
+
+
+def _export_error(e: Exception) -> str:
+    msg = _short(e)
     return f"{msg}; for PNG export install a Chromium: `make chromium` or `apt-get install chromium`"
