@@ -66,7 +66,7 @@ def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_pa
     from site_lens.tasks import load_task
 
     model, atlas = made["model"], made["atlas"]
-    assert all("t kept by the bench run" in p for p in made["progress"])
+    assert all("t as kept beside the rows" in p for p in made["progress"])
     for name, seed in (("upper", 0), ("lower", 1)):
         again = task_embedding(model, load_task(name, data_dir=made["data"]), CFG.embedding, seed).float()
         assert torch.equal(atlas.t[f"{name}/seed{seed}"], again)

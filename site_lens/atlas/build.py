@@ -172,7 +172,7 @@ def assemble_atlas(
         theta = theta.reshape(n_l, n_h)
         k = key(name, seed)
         label = t_label(ident["name"], str(model.cfg.dtype), cfg.embedding, task)
-        t, how = kept_t(home[k], name, seed, label), "t kept by the bench run"  # beside the theta it goes with
+        t, how = kept_t(home[k], name, seed, label), "t as kept beside the rows"  # by bench, or an earlier build
         if t is None:
             t, how = task_embedding(model, task, cfg.embedding, seed).float(), "t recomputed"
             if (home[k] / "rows").is_dir():  # a folder of row files (never one restored from rows.csv alone)
