@@ -29,12 +29,7 @@ def load_atlas(source: str | Path, revision: str | None = None) -> Atlas:
         noise, but the calls and what they return are those of a real run.
 
         >>> import site_lens as sl
-        >>> from tokenizers import ByteLevelBPETokenizer
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
-        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
-        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
-        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> model = sl.tiny_model("bytes")  # a byte-level tokenizer, built offline; or sl.load_model("smollm2-135m")
         >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
         ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
         ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))

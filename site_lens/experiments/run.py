@@ -55,12 +55,7 @@ def predict(
         noise, but the calls and what they return are those of a real run.
 
         >>> import site_lens as sl
-        >>> from tokenizers import ByteLevelBPETokenizer
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
-        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
-        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
-        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> model = sl.tiny_model("bytes")  # a byte-level tokenizer, built offline; or sl.load_model("smollm2-135m")
         >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
         ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
         ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))
@@ -93,12 +88,7 @@ def predict_with_logits(
         noise, but the calls and what they return are those of a real run.
 
         >>> import site_lens as sl
-        >>> from tokenizers import ByteLevelBPETokenizer
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
-        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
-        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
-        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> model = sl.tiny_model("bytes")  # a byte-level tokenizer, built offline; or sl.load_model("smollm2-135m")
         >>> prompt = sl.format_query("river")            # the zero-shot prompt; or a whole N-shot prompt
         >>> texts, logits = predict_with_logits(model, [prompt], cfg=sl.EvalConfig(max_new_tokens=3))
         >>> len(texts), logits.shape                     # raw generations; first-step logits (batch, d_vocab)
@@ -125,12 +115,7 @@ def evaluate(
         noise, but the calls and what they return are those of a real run.
 
         >>> import site_lens as sl
-        >>> from tokenizers import ByteLevelBPETokenizer
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
-        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
-        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
-        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> model = sl.tiny_model("bytes")  # a byte-level tokenizer, built offline; or sl.load_model("smollm2-135m")
         >>> task = sl.load_task("uppercase")
         >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
         ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
@@ -164,12 +149,7 @@ def run_task(
         noise, but the calls and what they return are those of a real run.
 
         >>> import site_lens as sl
-        >>> from tokenizers import ByteLevelBPETokenizer
-        >>> from transformers import PreTrainedTokenizerFast
-        >>> bpe = ByteLevelBPETokenizer()  # a byte-level tokenizer, built offline
-        >>> bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
-        >>> tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
-        >>> model = sl.tiny_model(tok, d_vocab=len(tok), n_ctx=256)  # or sl.load_model("smollm2-135m")
+        >>> model = sl.tiny_model("bytes")  # a byte-level tokenizer, built offline; or sl.load_model("smollm2-135m")
         >>> cfg = sl.SiteConfig(embedding=sl.EmbeddingConfig(n_prompts=2, n_shots=2),   # a few seconds' budget
         ...                     selection=sl.SelectionConfig(steps=2, eval_every=2, max_valid=2),
         ...                     eval=sl.EvalConfig(max_new_tokens=3, max_test=2))

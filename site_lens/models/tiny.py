@@ -38,15 +38,29 @@ def build_cfg(**overrides: Any) -> Any:
     return HookedTransformerConfig(**d)
 
 
+def byte_tokenizer() -> Any:
+    """A byte-level tokenizer (257 ids, ``<pad>`` among them), built offline: text for a tiny model."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([], vocab_size=257, special_tokens=["<pad>"], show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
+
+
 def tiny_model(tokenizer: Any = None, **overrides: Any) -> Model:
-    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer; TransformerLens 3.x
-    only (4.0 removed HookedTransformer).
+    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer (``"bytes"``: a
+    byte-level one, ``byte_tokenizer``, with the vocabulary and context it needs); TransformerLens 3.x only
+    (4.0 removed HookedTransformer).
 
     Example:
         >>> model = tiny_model()
         >>> model.cfg.n_layers, model.cfg.n_heads
         (2, 4)
     """
+    if isinstance(tokenizer, str) and tokenizer == "bytes":  # text tasks on a tiny model, no download
+        tokenizer = byte_tokenizer()
+        overrides = {"d_vocab": len(tokenizer), "n_ctx": 256, **overrides}
     cfg = build_cfg(**overrides)
     model = finalize(new_hooked(cfg, tokenizer))
     return register(model, f"tiny-{cfg.n_layers}x{cfg.n_heads}", processing=PROCESSING_FLAGS)
