@@ -59,7 +59,7 @@ def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_pa
     import dataclasses
     import shutil
 
-    from site_lens.experiments import bench as bench_mod
+    from site_lens.experiments import kept_t as kept_mod
     from site_lens.experiments.bench import T_FILE, keep_t, kept_t, t_label, t_path
     from site_lens.models import model_identity
     from site_lens.stages.embeddings import task_embedding
@@ -94,7 +94,7 @@ def test_t_kept_by_bench_is_stage_1s_and_a_stopped_assembly_resumes(made, tmp_pa
     def full(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(bench_mod, "write_bytes_atomic", full)
+    monkeypatch.setattr(kept_mod, "write_bytes_atomic", full)
     assert keep_t(bench, "upper", 0, atlas.t["upper/seed0"], t_label(name, dtype, CFG.embedding, upper)) is False
     t_path(bench, "upper", 0).unlink()
     again = assemble_atlas(model, [bench], data_dir=made["data"], command="test")  # a folder it cannot write: built

@@ -26,7 +26,6 @@ every row on disk, so concurrent writers cannot drop each other's rows.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import os
@@ -35,8 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..adapter import write_bytes_atomic, write_json_atomic, write_text_atomic
-from ..config import ConfigError, EmbeddingConfig, EvalConfig, SiteConfig
+from ..adapter import write_json_atomic, write_text_atomic
+from ..config import ConfigError, EvalConfig, SiteConfig
 from ..locks import Locks, owner_tag, temp_is_orphan
 from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
@@ -44,10 +43,10 @@ from ..models.engines import Model
 from ..progress import Progress
 from ..tasks import TaskError, available_tasks, load_task  # noqa: F401 (available_tasks: also bench.available_tasks)
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
+from .kept_t import ROWS_DIR, T_FILE, keep_t, kept_t, t_label, t_path  # noqa: F401 (T_FILE, t_path: also bench's)
 
 log = logging.getLogger(__name__)
 
-ROWS_DIR = "rows"
 SPEC_FILE = "bench.json"
 LOCKS_DIR = ".locks"
 
@@ -110,51 +109,6 @@ def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
 
 def row_path(out: Path, task: str, seed: int, method: str) -> Path:
     return out / ROWS_DIR / task / f"seed{seed}" / f"{method}.json"
-
-
-T_FILE = "t.safetensors"  # beside a (task, seed)'s row files: stage 1's t, kept so an atlas need not recompute it
-
-
-def t_path(out: Path, task: str, seed: int) -> Path:
-    return out / ROWS_DIR / task / f"seed{seed}" / T_FILE
-
-
-def t_label(model_name: str, dtype: str, embedding: EmbeddingConfig, task: Any) -> dict[str, str]:
-    """What a kept t depends on: the model, its dtype, stage 1's settings and the task's train pairs (its prompts)."""
-    pairs = json.dumps([list(p) for p in task.train], ensure_ascii=False)
-    return {
-        "model": model_name,
-        "dtype": str(dtype).removeprefix("torch."),
-        "embedding": json.dumps(embedding.to_dict(), sort_keys=True),
-        "train_sha256": hashlib.sha256(pairs.encode()).hexdigest(),
-    }
-
-
-def keep_t(out: Path, task: str, seed: int, t: Any, label: dict[str, str]) -> bool:
-    """Keep a (task, seed)'s t beside its rows, labelled (``t_label``); False (and a log line) where it cannot be
-    written: keeping t saves later work, its absence costs only a recomputation."""
-    from safetensors.torch import save
-
-    try:
-        write_bytes_atomic(t_path(out, task, seed), save({"t": t.detach().float().cpu().contiguous()}, metadata=label))
-    except OSError as e:
-        log.warning("t of %s seed %d not kept under %s (%s)", task, seed, out, e.strerror or e)
-        return False
-    return True
-
-
-def kept_t(out: Path, task: str, seed: int, label: dict[str, str]) -> Any:
-    """The t ``keep_t`` kept under this label, or None (absent, unreadable or made otherwise)."""
-    from safetensors import safe_open
-
-    path = t_path(out, task, seed)
-    if not path.is_file():
-        return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return f.get_tensor("t") if (f.metadata() or {}) == label else None
-    except Exception:  # a truncated or foreign file: recomputed, never trusted
-        return None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
