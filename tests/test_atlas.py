@@ -345,3 +345,31 @@ def test_mantel_comparison_is_not_fooled_by_task_families():
     assert r["spearman"] > 0.1  # the family pairs agree in both...
     assert r["p_value"] > 0.05 and r["p_excl"] > 0.05  # ...but whole-family shuffles keep them: no evidence
     assert r["pairs_excl"] == r["pairs"] - 8
+
+
+def test_scores_come_from_the_row_file_of_the_theta_where_rows_csv_holds_another_run(made, tmp_path):
+    import csv
+    import shutil
+
+    bench = tmp_path / "bench"
+    shutil.copytree(made["bench"], bench)
+    with open(bench / "rows.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        if (r["task"], r["method"], r["seed"]) in (("upper", "site", "0"), ("lower", "icl", "1")):
+            r["strict_match"] = "0.123"  # an older run's row kept in the table
+    with open(bench / "rows.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    def strict(atlas, task, method, seed):
+        s = atlas.scores
+        return s[(s.task == task) & (s.method == method) & (s.seed == seed)].strict_match.item()
+
+    files = {(r["task"], r["method"], r["seed"]): r for r in made["rows"]}
+    atlas = assemble_atlas(made["model"], [bench], data_dir=made["data"], command="test")
+    assert strict(atlas, "upper", "site", 0) == files["upper", "site", 0]["strict_match"]
+    assert strict(atlas, "lower", "icl", 1) == files["lower", "icl", 1]["strict_match"]
+    (bench / "rows" / "lower" / "seed1" / "icl.json").unlink()  # no row file: the table's row stands
+    assert strict(assemble_atlas(made["model"], [bench], data_dir=made["data"], command="test"), "lower", "icl", 1) == 0.123

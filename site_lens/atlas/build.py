@@ -61,15 +61,23 @@ def task_record(task: Task) -> dict[str, str]:
 
 
 def read_rows(folder: Path) -> list[dict[str, Any]]:
-    """A bench folder's rows (rows.csv), scores as numbers."""
+    """A bench folder's rows: rows.csv, then the row files of the scored methods (which win), seeds as ints.
+
+    A row file and the theta in its info come from one run, so the atlas never sets a theta beside the
+    scores of another (rows.csv can hold an older run's row where a rerun was kept out of the table).
+    """
     path = Path(folder) / "rows.csv"
     if not path.is_file():
         raise AtlasError(f"{path}: no rows.csv (not a finished bench folder)")
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
+        rows = {(r["task"], r["method"], int(r["seed"])): r for r in csv.DictReader(f)}
+    for method in SCORED:
+        for row in sorted(Path(folder).glob(f"rows/*/seed*/{method}.json")):
+            r = json.loads(row.read_text())
+            rows[(r["task"], r["method"], int(r["seed"]))] = r
+    for r in rows.values():
         r["seed"] = int(r["seed"])
-    return rows
+    return list(rows.values())
 
 
 def read_thetas(folder: Path) -> dict[str, torch.Tensor]:
