@@ -1,3 +1,4 @@
+import pytest
 import torch
 from helpers import needs_hooked
 
@@ -72,15 +73,95 @@ def test_padded_batch_changes_only_each_rows_last_token(model):
         assert torch.allclose(lb[i], alone[0], atol=1e-5)
 
 
-def test_gate_hook_is_differentiable_in_alpha():
-    z = torch.randn(2, 3, 4, 5)
-    t = torch.randn(4, 5)
-    alpha = torch.full((4,), 0.5, requires_grad=True)
+def _central_differences(f, theta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """d f / d theta, one entry at a time: (f(theta + eps e_i) - f(theta - eps e_i)) / (2 eps)."""
+    out = torch.zeros_like(theta)
+    with torch.no_grad():
+        for i in range(theta.numel()):
+            e = torch.zeros(theta.numel(), dtype=theta.dtype)
+            e[i] = eps
+            e = e.view_as(theta)
+            out.view(-1)[i] = (f(theta + e) - f(theta - e)) / (2 * eps)
+    return out
+
+
+def test_gate_hook_gradient_in_theta_equals_finite_differences():
+    """alpha = sigmoid(theta) through the gate, a non-linear loss after it: autograd equals central differences."""
     from transformer_lens.hook_points import HookPoint
 
-    out = gate_hook(z, HookPoint(), t, alpha, torch.tensor([2, 1]))
-    out.sum().backward()
-    assert alpha.grad is not None and alpha.grad.abs().sum() > 0
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    t = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    pos = torch.tensor([2, 1])
+
+    def loss(theta):
+        return (gate_hook(z, HookPoint(), t, theta.sigmoid(), pos).tanh() * w).sum()
+
+    theta = torch.randn(4, generator=g, dtype=torch.float64).requires_grad_(True)
+    (grad,) = torch.autograd.grad(loss(theta), theta)
+    # by hand: d/d alpha of z' at each row's position is (t - z), and d alpha / d theta = alpha (1 - alpha)
+    alpha = theta.detach().sigmoid()
+    rows = torch.arange(2)
+    mixed = (1 - alpha[:, None]) * z[rows, pos] + alpha[:, None] * t  # (batch, head, d_head)
+    by_hand = ((1 - mixed.tanh() ** 2) * w[rows, pos] * (t - z[rows, pos])).sum((0, 2)) * alpha * (1 - alpha)
+    torch.testing.assert_close(grad, by_hand, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, _central_differences(loss, theta.detach()), rtol=1e-7, atol=1e-9)
+    assert grad.abs().min() > 1e-3  # every head's gradient is far from zero, so the comparison means something
+
+
+FLOATS = (torch.float32, torch.float64)
+
+
+def _float32_and_float64_twins(engine: str) -> dict:
+    """The same tiny random Llama weights in float32 and float64, on ``engine``."""
+    from helpers import char_tokenizer, tiny
+
+    from site_lens.models.bridge import bridge_from_hf, tiny_hf
+    from site_lens.models.engines import HOOKED
+
+    if engine == "bridge":
+        return {d: bridge_from_hf(tiny_hf("llama", char_tokenizer()).to(d), char_tokenizer()) for d in FLOATS}
+    if HOOKED is None:
+        pytest.skip("HookedTransformer is TransformerLens 3.x's")
+    torch.manual_seed(0)
+    models = {torch.float32: tiny(), torch.float64: tiny(dtype=torch.float64)}
+    models[torch.float64].load_state_dict(models[torch.float32].state_dict())
+    return models
+
+
+@pytest.mark.parametrize("engine", ["hooked", "bridge"])
+def test_model_gradient_in_theta_equals_finite_differences(engine):
+    """The loss SITE trains (cross-entropy of the last token's logits) through the packed and the reference
+    backend: the autograd gradient of theta equals central differences of the float64 model, in float64 and,
+    with the C++ kernels' hand-written backward where built, in float32."""
+    from site_lens.engine.backend import backend_for
+
+    models = _float32_and_float64_twins(engine)
+    c = models[torch.float64].cfg
+    tokens = torch.tensor([encode(models[torch.float64], ["Q: cat\nA:"])[0]])
+    target = torch.tensor([11])
+    g = torch.Generator().manual_seed(0)
+    t = 2 * torch.randn(c.n_layers, c.n_heads, c.d_head, generator=g, dtype=torch.float64)
+    theta = torch.randn(c.n_layers, c.n_heads, generator=g, dtype=torch.float64)
+
+    def loss_fn(model, kind):
+        be = backend_for(model, kind)
+        assert be.name == ("packed" if kind == "packed" else engine)
+        prefix = be.prefix(tokens[:, :-1])
+        dtype = model.cfg.dtype
+        return lambda th: torch.nn.functional.cross_entropy(
+            be.logits(tokens[:, -1], prefix, th.sigmoid().to(dtype), t.to(dtype)).double(), target
+        )
+
+    # from the packed path: float64 throughout (the transformers model casts RMSNorm inputs to float32)
+    want = _central_differences(loss_fn(models[torch.float64], "packed"), theta)
+    assert want.abs().max() > 1e-2  # far above the tolerances below
+    for dtype, tol in ((torch.float64, 1e-8), (torch.float32, 2e-6)):
+        for kind in ("packed", "hooked"):
+            th = theta.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(loss_fn(models[dtype], kind)(th), th)
+            torch.testing.assert_close(grad, want, rtol=0, atol=tol, msg=f"{dtype} {kind}")
 
 
 def test_cached_generation_equals_uncached_with_injection_at_same_position(model):
