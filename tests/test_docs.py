@@ -169,21 +169,33 @@ def test_shell_blocks_parse(block):
             assert (ROOT / script).is_file(), script
 
 
-@pytest.mark.parametrize("model", ["smollm2-135m", "gemma-3-270m"])
-def test_readme_intervals_are_the_committed_ones(model):
-    """README's paired differences (SITE minus ICL, minus I2CL) are those of results/seeds/MODEL/differences.csv."""
-    import csv
+# README's paired differences in the order its text gives them: (model, difference, metric)
+README_INTERVALS = [
+    ("smollm2-135m", "site - icl", "exact_match"),
+    ("gemma-3-270m", "site - icl", "exact_match"),
+    ("gemma-3-270m", "site - i2cl", "exact_match"),
+    ("smollm2-135m", "site - i2cl", "exact_match"),
+    ("smollm2-135m", "site - icl", "strict_match"),
+    ("gemma-3-270m", "site - icl", "strict_match"),
+]
 
-    readme = (ROOT / "README.md").read_text()
-    quoted = [  # "+16.9 points [11.8, 21.9]" and "-4.1 [-8.0, -0.5]", across line breaks
-        tuple(map(float, m)) for m in re.findall(r"([+-]\d+\.\d)(?:\s+points)?\s+\[(-?\d+\.\d),\s+(-?\d+\.\d)\]", readme)
-    ]
-    rows = list(csv.DictReader((ROOT / "results" / "seeds" / model / "differences.csv").open()))
-    shown = [("site - icl", "exact_match"), ("site - icl", "strict_match"), ("site - i2cl", "exact_match")]
-    found = 0
-    for r in rows:
-        if (r["difference"], r["metric"]) in shown:
-            want = [100 * float(r[k]) for k in ("mean", "low", "high")]  # the CSV keeps 4 decimals: rounding may differ
-            assert any(all(abs(a - b) < 0.051 for a, b in zip(q, want)) for q in quoted), (model, r, quoted)
-            found += 1
-    assert found == len(shown), f"{model}: differences.csv lacks some of {shown}"
+
+def test_readme_intervals_are_recomputed_from_the_committed_rows():
+    """Each of README's paired differences (SITE minus ICL, minus I2CL: mean [low, high] in points) is what
+    benchmarks/seed_table.py computes from the committed rows (results/MODEL/rows.csv for seed 0,
+    results/seeds/MODEL/rows.csv for the further seeds), rounded as README prints it."""
+    from site_lens.experiments.seed_report import paired_differences, read_rows
+
+    script = (ROOT / "benchmarks" / "seed_table.py").read_text()
+    (n_boot,) = re.findall(r'"--n-boot", type=int, default=([\d_]+)\)', script)  # the script's bootstrap size
+    readme = " ".join((ROOT / "README.md").read_text().split())  # line breaks as spaces
+    # "+16.7 points [11.6, 21.7]", "-4.1 [-8.0, -0.5]"
+    quoted = re.findall(r"([+-]\d+\.\d)(?: points)? \[(-?\d+\.\d), (-?\d+\.\d)\]", readme)
+    want = {}
+    for model in dict.fromkeys(m for m, _, _ in README_INTERVALS):
+        paths = [ROOT / "results" / model / "rows.csv", ROOT / "results" / "seeds" / model / "rows.csv"]
+        rows = read_rows([p for p in paths if p.is_file()])
+        diff = paired_differences(rows, "site", ["icl", "i2cl"], n_boot=int(n_boot))
+        for r in diff.itertuples():
+            want[model, r.difference, r.metric] = (f"{100 * r.mean:+.1f}", f"{100 * r.low:.1f}", f"{100 * r.high:.1f}")
+    assert quoted == [want[k] for k in README_INTERVALS], list(zip(README_INTERVALS, quoted))
