@@ -63,15 +63,30 @@ def test_alpha_shares():
     assert s == {"share_lt_0.1": 0.5, "share_gt_0.9": 0.25}
 
 
-def test_transfer_matrix_shape(model):
-    shape = (model.cfg.n_layers, model.cfg.n_heads)
-    ads = {
-        n: Adapter(t=torch.randn(*shape, model.cfg.d_head), theta=torch.randn(*shape), model={})
-        for n in ("opposites", "uppercase")
+def test_overlap_matrices_on_hand_computed_alphas():
+    """Top-3 Jaccard, Spearman (ties averaged) and Pearson of three 2 x 3 alphas, worked out by hand."""
+    alphas = {
+        "a": torch.tensor([[0.9, 0.1, 0.5], [0.3, 0.8, 0.2]]),  # top 3: (0,0) (1,1) (0,2); ranks 5 0 3 2 4 1
+        "b": torch.tensor([[0.1, 0.7, 0.6], [0.95, 0.4, 0.2]]),  # top 3: (1,0) (0,1) (0,2); ranks 0 4 3 5 2 1
+        "c": torch.tensor([[0.5, 0.5, 0.1], [0.1, 0.9, 0.5]]),  # top 3: (1,1) (0,0) (0,1) (ties: lower index first)
     }
-    tasks = {n: load_task(n) for n in ads}
-    m = transfer_matrix(model, tasks, ads, max_items=4)
-    assert m.shape == (2, 2) and ((m >= 0) & (m <= 1)).all().all()
+    jac = jaccard_matrix(alphas, k=3)
+    assert jac.loc["a", "b"] == pytest.approx(1 / 5)  # {(0,2)} of five heads
+    assert jac.loc["a", "c"] == pytest.approx(2 / 4)  # {(0,0), (1,1)} of four
+    assert jac.loc["b", "c"] == pytest.approx(1 / 5)  # {(0,1)} of five
+    sp = spearman_matrix(alphas)
+    # a, b without ties: 1 - 6 sum d^2 / (n (n^2 - 1)), d = (5, -4, 0, -3, 2, 0)
+    assert sp.loc["a", "b"] == pytest.approx(1 - 6 * 54 / (6 * 35))
+    # c's ranks with ties averaged: (3, 3, 0.5, 0.5, 5, 3); Pearson of the ranks, both means 2.5
+    # deviations c (.5, .5, -2, -2, 2.5, .5), a (2.5, -2.5, .5, -.5, 1.5, -1.5): sum of products 3
+    assert sp.loc["a", "c"] == pytest.approx(3 / np.sqrt(15 * 17.5))
+    pe = pearson_matrix(alphas)
+    flat = {n: a.flatten().double().numpy() for n, a in alphas.items()}
+    for x in alphas:
+        for y in alphas:
+            assert pe.loc[x, y] == pytest.approx(np.corrcoef(flat[x], flat[y])[0, 1])
+            assert sp.loc[x, y] == pytest.approx(sp.loc[y, x]) and jac.loc[x, y] == jac.loc[y, x]
+    assert spearman([3, 1, 2], [30, 10, 20]) == 1.0 and spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
 
 
 def _digit_model():
