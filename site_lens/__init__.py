@@ -5,6 +5,7 @@ Stages, by folder (engine/, stages/, methods/, analysis/, experiments/, cli/):
   stages.selection.AlphaTrainer           stage 2: alpha = sigmoid(theta) (gate.AlphaGate), trained on zero-shot prompts
   engine.generate.generate_greedy         stage 3: inject once at prefill (gate.injection_hooks), greedy with KV cache
   methods.fit_site                        stages 1 and 2 on a task; every scored method behind one interface
+  methods.fit_site_many                   stages 1 and 2 on many tasks, their stage 2 in one loop (one theta each)
 Atlases:
   atlas.load_atlas, assemble_atlas        every task's head map of a model: a folder or a Hub id; built from bench folders
   atlas.compare_atlases                   do the tasks that share heads in one model share them in another (Mantel)
@@ -34,7 +35,7 @@ _API = {
     "experiments.run": ("evaluate", "predict", "predict_with_logits", "run_task"),
     "experiments.sweep": ("minimal_sets",),
     "gate": ("AlphaGate", "gate_hook", "injection_hooks"),
-    "methods": ("SiteFit", "fit_site"),
+    "methods": ("SiteFit", "fit_site", "fit_site_many"),
     "metrics": ("exact_match", "normalize", "strict_match"),
     "models": ("load_model", "model_identity"),
     "models.tiny": ("tiny_model",),
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .experiments.run import evaluate, predict, predict_with_logits, run_task
     from .experiments.sweep import minimal_sets
     from .gate import AlphaGate, gate_hook, injection_hooks
-    from .methods import SiteFit, fit_site
+    from .methods import SiteFit, fit_site, fit_site_many
     from .metrics import exact_match, normalize, strict_match
     from .models import load_model, model_identity
     from .models.tiny import tiny_model
@@ -89,6 +90,7 @@ __all__ = [
     "exact_match",
     "fit_shared",
     "fit_site",
+    "fit_site_many",
     "fit_sparse",
     "format_query",
     "gate_hook",

@@ -26,12 +26,24 @@ class PromptCache:
 
     ``logits(indices, alpha, t)`` and ``loss(indices, alpha, t)`` then cost one token per
     prompt. ``alpha`` and ``t`` are one for all prompts or one per prompt (a leading dim of
-    ``len(cache)``, indexed by prompt).
+    ``len(cache)``, indexed by prompt). With ``owners`` (one int per prompt: which task, say,
+    it belongs to) a leading dim is one per owner instead, indexed by each prompt's owner, so
+    prompts of many tasks run in one call, each under its own task's gate.
     """
 
-    def __init__(self, model: Model, examples: Sequence[Example], batch_size: int = 32, backend: Backend | None = None):
+    def __init__(
+        self,
+        model: Model,
+        examples: Sequence[Example],
+        batch_size: int = 32,
+        backend: Backend | None = None,
+        owners: Sequence[int] | None = None,
+    ):
         if any(len(e.tokens) < 2 for e in examples):
             raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
+        if owners is not None and len(owners) != len(examples):
+            raise ValueError(f"{len(owners)} owners for {len(examples)} prompts")
+        self.owners = None if owners is None else torch.tensor(list(owners), dtype=torch.long)
         self.model = model
         self.backend = backend or backend_for(model)
         self.examples = list(examples)
@@ -66,7 +78,8 @@ class PromptCache:
     def _per(self, x: Tensor | None, dims: int, idx: list[int]) -> Tensor | None:
         if x is None or x.dim() == dims:
             return x
-        return x[torch.tensor(idx, device=x.device)]
+        rows = torch.tensor(idx) if self.owners is None else self.owners[idx]
+        return x[rows.to(x.device)]
 
     def logits(
         self,

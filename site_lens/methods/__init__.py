@@ -22,7 +22,7 @@ from .i2cl import I2CL
 from .mtv import MTVConfig, MultimodalTaskVector
 from .peft import IA3, LoRA
 from .prompting import ICL, ZeroShot
-from .site import Site, SiteFit, fit_site
+from .site import Site, SiteFit, fit_site, fit_site_many
 from .tv import TaskVector
 
 METHODS: dict[str, Callable[[], Method]] = {
@@ -121,6 +121,7 @@ __all__ = [
     "describe_method",
     "fit_and_score",
     "fit_site",
+    "fit_site_many",
     "make_method",
     "score_method",
     "with_objective",

@@ -1,4 +1,4 @@
-"""The one training loop every trained method uses (SITE, I2CL, LoRA, (IA)3), and the whole-prompt loss.
+"""The one training loop every trained method uses (SITE, I2CL, LoRA, (IA)3), its many-task form, and the whole-prompt loss.
 
 ``train_loop`` runs Adam on a few parameters of a frozen model: a seeded
 schedule of training batches (one permutation of the examples, cycled),
@@ -6,7 +6,8 @@ validation every ``eval_every`` steps and at the last one, keeping the
 parameters with the lowest valid loss, and stopping at the first non-finite
 loss or parameter (the last finite parameters are kept and the reason is
 recorded in ``TrainHistory.stopped_early``). Methods differ only in the loss
-they hand it.
+they hand it. ``train_loop_many`` runs the same loop for many tasks at once, one
+parameter row per task, each task stopping, validating and keeping its best alone.
 """
 
 from __future__ import annotations
@@ -139,6 +140,91 @@ def train_loop(
         hist.best_step, hist.best_valid_loss = best[1], best[0]
     hist.seconds = time.perf_counter() - t0
     return hist
+
+
+@adaptive_threads()
+def train_loop_many(
+    theta: nn.Parameter,
+    plans: Sequence[Sequence[Sequence[int]]],
+    step_losses: Callable[[list[Sequence[int] | None]], Tensor],
+    valid_losses: Callable[[list[bool]], list[float | None]] | None,
+    *,
+    lr: float,
+    eval_every: int,
+    keep_best: bool = True,
+    progress: Callable[[int, list[float]], None] | None = None,
+    what: str = "theta",
+) -> list[TrainHistory]:
+    """``train_loop`` for n tasks at once: ``theta[k]`` is task k's parameter, ``plans[k]`` its schedule.
+
+    ``step_losses(batches)`` takes each task's batch of the step (None for a task that has stopped)
+    and returns the n tasks' mean losses, (task,), differentiable; their sum is back-propagated once.
+    One Adam over the stacked theta is n independent Adams (its update is elementwise and every
+    task starts at step 0). Per task, as ``train_loop``: a non-finite loss or theta stops that task
+    alone with the theta of its last finite step; ``valid_losses(live)`` (one float per task, read
+    where ``live``; None: a task that does not validate) runs every ``eval_every`` steps and at the last, and each task keeps its own best.
+    ``progress(step, losses)`` gets each task's loss (NaN for a task that has stopped).
+    """
+    t0 = time.perf_counter()
+    n = theta.shape[0]
+    if len(plans) != n or len({len(p) for p in plans}) > 1:
+        raise ValueError(f"train_loop_many needs one plan per task, all of one length: {n} tasks, plans {[len(p) for p in plans]}")
+    steps = len(plans[0]) if plans else 0
+    hists = [TrainHistory() for _ in range(n)]
+    opt = torch.optim.Adam([theta], lr=lr)
+    live = [True] * n
+    best: list[tuple[float, int | None, Tensor | None]] = [(math.inf, None, None)] * n
+    last_good = theta.detach().clone()
+
+    def stop(k: int, why: str) -> None:
+        live[k] = False
+        hists[k].stopped_early = why
+        log.error("task %d: %s", k, why)
+
+    for step in range(1, steps + 1):
+        adapt()
+        opt.zero_grad(set_to_none=True)
+        losses = step_losses([plans[k][step - 1] if live[k] else None for k in range(n)])  # (task,)
+        values = losses.detach().tolist()
+        for k in range(n):
+            if live[k] and not math.isfinite(values[k]):
+                stop(k, f"non-finite loss ({values[k]}) at step {step}; kept the {what} of step {step - 1}")
+        if not any(live):
+            break
+        keep = torch.tensor(live, device=losses.device)
+        total = torch.where(keep, losses, torch.zeros_like(losses)).sum()
+        if total.requires_grad:
+            total.backward()
+        if theta.grad is not None:  # a stopped task's rows may still carry NaN through the batched backward
+            theta.grad[~keep.to(theta.device)] = 0
+        opt.step()
+        with torch.no_grad():
+            for k in range(n):
+                if live[k] and not bool(torch.isfinite(theta[k]).all()):
+                    stop(k, f"non-finite {what} after step {step}; kept the {what} of step {step - 1}")
+                if not live[k]:
+                    theta[k] = last_good[k]  # a stopped task's theta stays where it stopped
+        last_good = theta.detach().clone()
+        for k in (k for k in range(n) if live[k]):
+            hists[k].step.append(step)
+            hists[k].loss.append(values[k])
+        if valid_losses is not None and eval_every and (step % eval_every == 0 or step == steps) and any(live):
+            vl = valid_losses(list(live))
+            for k in (k for k in range(n) if live[k] and vl[k] is not None):
+                hists[k].valid_step.append(step)
+                hists[k].valid_loss.append(vl[k])
+                if vl[k] < best[k][0]:
+                    best[k] = (vl[k], step, last_good[k].clone())
+        if progress is not None:
+            progress(step, [values[k] if live[k] else math.nan for k in range(n)])
+    with torch.no_grad():
+        for k, (vl, at, value) in enumerate(best):
+            if keep_best and value is not None:
+                theta[k] = value
+                hists[k].best_step, hists[k].best_valid_loss = at, vl
+    for h in hists:
+        h.seconds = time.perf_counter() - t0  # the loop's time, shared by its tasks
+    return hists
 
 
 def first_token_loss(

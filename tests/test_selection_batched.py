@@ -1,0 +1,162 @@
+"""Stage 2 of many tasks in one loop (``BatchedAlphaTrainer``, ``fit_site_many``) against one fit per task."""
+
+import math
+
+import pytest
+import torch
+
+from site_lens.config import EmbeddingConfig, SelectionConfig, SiteConfig
+from site_lens.stages.objectives import train_valid_examples
+from site_lens.stages.selection import AlphaTrainer
+from site_lens.stages.selection_batched import BatchedAlphaTrainer
+from site_lens.tasks import builtin_tasks, load_task, load_task_folder
+
+CFG = SelectionConfig(steps=7, eval_every=3, max_valid=4, batch_size=2)
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def eight(model, tmp_path_factory):
+    """Eight tasks (the built-in ones and a small folder task), their examples and a random t each."""
+    from small import write_task_dir
+
+    root = write_task_dir(tmp_path_factory.mktemp("tasks"), names=("upper",))
+    tasks = [load_task(name) for name in builtin_tasks()] + [load_task_folder(root / "upper")]
+    assert len(tasks) == 8
+    gen = torch.Generator().manual_seed(1)
+    c = model.cfg
+    ts = [torch.randn(c.n_layers, c.n_heads, c.d_head, generator=gen) * 2 for _ in tasks]
+    data = [train_valid_examples(model, task) for task in tasks]
+    return tasks, ts, [d[0] for d in data], [d[1] for d in data]
+
+
+def single_fits(model, ts, trains, valids, cfg=CFG, seed=3):
+    """Each task's own AlphaTrainer fit: (theta after every step, history, final theta) per task."""
+    out = []
+    for t, train, valid in zip(ts, trains, valids):
+        trainer = AlphaTrainer(model, t, cfg, seed=seed)
+        steps = []
+        trainer.fit(train, valid, progress=lambda step, loss, tr=trainer, s=steps: s.append(tr.gate.theta.detach().clone()))
+        out.append((steps, trainer.history, trainer.gate.theta.detach().clone()))
+    return out
+
+
+def batched_fit(model, ts, trains, valids, cfg=CFG, seed=3, trainer_cls=BatchedAlphaTrainer):
+    trainer = trainer_cls(model, ts, cfg, seed=seed)
+    steps = []
+    hists = trainer.fit(trains, valids, progress=lambda step, losses: steps.append(trainer.theta.detach().clone()))
+    return steps, hists, trainer.theta.detach().clone()
+
+
+def check_equal(single, batched, stopped=()):
+    """Every task's theta at every step, its losses, valid losses, best step and final theta match its own fit."""
+    steps, hists, final = batched
+    for k, (s_steps, s_hist, s_final) in enumerate(single):
+        h = hists[k]
+        if k not in stopped:
+            assert len(s_steps) == len(steps), k
+        for step, theta in enumerate(s_steps):
+            assert torch.allclose(steps[step][k], theta, atol=ATOL), (k, step, (steps[step][k] - theta).abs().max())
+        assert h.step == s_hist.step and h.valid_step == s_hist.valid_step, k
+        assert h.loss == pytest.approx(s_hist.loss, abs=ATOL), k
+        assert h.valid_loss == pytest.approx(s_hist.valid_loss, abs=ATOL), k
+        assert h.best_step == s_hist.best_step, k
+        assert (h.stopped_early is None) == (s_hist.stopped_early is None), k
+        assert torch.allclose(final[k], s_final, atol=ATOL), k
+
+
+def test_stacked_adam_is_one_adam_per_task():
+    """One Adam over a (task, layer, head) theta moves each task's slice exactly as its own Adam would."""
+    gen = torch.Generator().manual_seed(0)
+    stacked = torch.nn.Parameter(torch.randn(5, 3, 4, generator=gen))
+    alone = [torch.nn.Parameter(stacked.detach()[k].clone()) for k in range(5)]
+    opt = torch.optim.Adam([stacked], lr=0.2)
+    opts = [torch.optim.Adam([p], lr=0.2) for p in alone]
+    for _ in range(6):
+        grad = torch.randn(5, 3, 4, generator=gen) * torch.logspace(-6, 2, 5)[:, None, None]
+        stacked.grad = grad.clone()
+        opt.step()
+        for k, (p, o) in enumerate(zip(alone, opts)):
+            p.grad = grad[k].clone()
+            o.step()
+    for k, p in enumerate(alone):
+        assert torch.allclose(stacked.detach()[k], p.detach(), rtol=0, atol=1e-6), k
+
+
+def test_eight_tasks_match_their_own_fits_at_every_step(model, eight):
+    _, ts, trains, valids = eight
+    single = single_fits(model, ts, trains, valids)
+    batched = batched_fit(model, ts, trains, valids)
+    check_equal(single, batched)
+    moved = [not torch.equal(batched[2][k], torch.zeros_like(batched[2][k])) for k in range(8)]
+    assert all(moved)
+
+
+def test_batch_of_one_prompt_per_task_matches(model, eight):
+    """The paper's batch size (one prompt per task per step)."""
+    _, ts, trains, valids = eight
+    cfg = SelectionConfig(steps=5, eval_every=2, max_valid=3)
+    check_equal(single_fits(model, ts[:4], trains[:4], valids[:4], cfg), batched_fit(model, ts[:4], trains[:4], valids[:4], cfg))
+
+
+class PoisonedTrainer(BatchedAlphaTrainer):
+    """Task 2's training loss is NaN from step 3 on (the other tasks' rows untouched)."""
+
+    calls = 0
+
+    def task_losses(self, cache, rows):
+        losses = super().task_losses(cache, rows)
+        if torch.is_grad_enabled():
+            self.calls += 1
+            if self.calls >= 3:
+                bad = torch.zeros_like(losses)
+                bad[2] = math.nan
+                losses = losses + bad
+        return losses
+
+
+def test_a_non_finite_loss_stops_its_task_alone(model, eight):
+    _, ts, trains, valids = eight
+    single = single_fits(model, ts, trains, valids)
+    batched = batched_fit(model, ts, trains, valids, trainer_cls=PoisonedTrainer)
+    steps, hists, final = batched
+    assert hists[2].stopped_early is not None and "step 3" in hists[2].stopped_early
+    assert hists[2].step == [1, 2] and hists[2].valid_step == []
+    for later in steps[2:]:  # task 2 keeps its step-2 theta
+        assert torch.equal(later[2], steps[1][2])
+    assert torch.allclose(final[2], single[2][0][1], atol=ATOL)
+    others = [k for k in range(8) if k != 2]
+    check_equal([single[k] for k in others], (steps_of(steps, others), [hists[k] for k in others], final[others]))
+    assert all(hists[k].stopped_early is None for k in others)
+
+
+def steps_of(steps, tasks):
+    return [s[tasks] for s in steps]
+
+
+def test_a_nan_t_stops_its_task_at_once_and_leaks_nowhere(model, eight):
+    """A NaN in one task's t runs through the shared batch: that task stops at step 1, the rest match their fits."""
+    _, ts, trains, valids = eight
+    ts = list(ts)
+    ts[5] = torch.full_like(ts[5], math.nan)
+    single = single_fits(model, ts[4:], trains[4:], valids[4:])
+    batched = batched_fit(model, ts[4:], trains[4:], valids[4:])
+    assert single[1][1].stopped_early is not None and batched[1][1].stopped_early is not None
+    check_equal(single, batched, stopped=(1,))
+    assert torch.equal(batched[2][1], torch.zeros_like(batched[2][1]))  # the initial theta
+
+
+def test_fit_site_many_matches_fit_site(model, eight):
+    """Stages 1 and 2: each task's adapter (t, theta), history and best step are fit_site's."""
+    from site_lens.methods.site import fit_site, fit_site_many
+
+    tasks = eight[0][:3]
+    cfg = SiteConfig(embedding=EmbeddingConfig(n_prompts=3, n_shots=2), selection=CFG, seed=4)
+    fits = fit_site_many(model, tasks, cfg)
+    for task, fit in zip(tasks, fits):
+        one = fit_site(model, task, cfg)
+        assert fit.adapter.meta["task"] == task.name
+        assert torch.allclose(fit.adapter.t, one.adapter.t, atol=1e-6)
+        assert torch.allclose(fit.adapter.theta, one.adapter.theta, atol=ATOL)
+        assert fit.history.best_step == one.history.best_step
+        assert fit.history.loss == pytest.approx(one.history.loss, abs=ATOL)
