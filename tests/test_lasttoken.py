@@ -8,10 +8,11 @@ from helpers import needs_hooked
 
 from site_lens.config import SelectionConfig
 from site_lens.engine import kernels
-from site_lens.engine.backend import PackedBackend, backend_for, last_logits, logits_at, use_backend
+from site_lens.engine.backend import PackedBackend, backend_for, last_logits, logits_at, packed_blocker, use_backend
 from site_lens.engine.packed import LastToken, unsupported
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
+from site_lens.models.engines import is_bridge
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tokens import make_examples
 
@@ -25,17 +26,28 @@ def _tiny(**overrides):
     return tiny(**overrides)
 
 
+def _packed(model):
+    """The packed engine of either model engine: ``LastToken``, or ``BridgePack`` from a bridge's weights."""
+    return PackedBackend(model).runner
+
+
+def _a_weight(model):
+    """One of the model's MLP weight matrices, as a Parameter (written in place below)."""
+    return next(p for name, p in model.named_parameters() if ".mlp." in name and p.dim() == 2)
+
+
 def _randomise_biases(model):
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.split(".")[-1].startswith(("b_", "_b_")):
+            if name.split(".")[-1].startswith(("b_", "_b_", "bias")):  # HookedTransformer's, transformers'
                 p.normal_(std=0.5)
 
 
 def _randomise_norms(model):
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(".w"):  # RMSNorm gains (ln1, ln2, ln1_post, ln2_post, q_norm, k_norm, ln_final)
+            # RMSNorm gains (ln1, ln2, ln1_post, ln2_post, q_norm, k_norm, ln_final; transformers' *norm.weight)
+            if name.endswith(".w") or ("norm" in name and name.endswith(".weight")):
                 p.uniform_(0.5, 1.5)
 
 
@@ -76,8 +88,8 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_equal_hooked_model_with_gate(variant):
     model = _variant_model(variant)
-    assert unsupported(model) is None
-    runner = LastToken(model)
+    assert packed_blocker(model) is None
+    runner = _packed(model)
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
     alpha = torch.rand(c.n_layers, c.n_heads)
@@ -98,7 +110,7 @@ def test_logits_equal_hooked_model_with_gate(variant):
 def test_span_logits_equal_hooked_model_with_gate_at_its_first_token(variant):
     """Several tokens after the prefix (the sequence objective): gate at the first, later ones causal, windows held."""
     model = _variant_model(variant)
-    runner = LastToken(model)
+    runner = _packed(model)
     c = model.cfg
     g = torch.Generator().manual_seed(3)
     t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=g)
@@ -123,7 +135,7 @@ def test_span_logits_equal_hooked_model_with_gate_at_its_first_token(variant):
 def test_span_logits_share_one_prefix_row_across_spans():
     """A prefix of one row serves every span (the shared few-shot prefix): the same as that prefix repeated."""
     model = _variant_model("gemma3-like")
-    runner = LastToken(model)
+    runner = _packed(model)
     c = model.cfg
     g = torch.Generator().manual_seed(4)
     t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=g)
@@ -137,8 +149,9 @@ def test_span_logits_share_one_prefix_row_across_spans():
         runner.span_logits(spans, runner.prefix(prefix.expand(2, -1)), alpha, t)
 
 
+@needs_hooked("its rotary tables end at n_ctx (a bridge, like transformers, runs past max_position_embeddings)")
 def test_span_past_the_context_is_refused(model):
-    runner = LastToken(model)
+    runner = _packed(model)
     n_ctx = model.cfg.n_ctx
     tokens = torch.randint(0, model.cfg.d_vocab, (1, n_ctx + 1))
     with pytest.raises(ValueError, match="context"):
@@ -153,7 +166,7 @@ def test_probe_covers_spans(monkeypatch):
     real = LastToken.span_logits
     monkeypatch.setattr(packed.LastToken, "span_logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
     b = backend_for(model)
-    assert b.name == "hooked" and "probe" in b.reason
+    assert b.name != "packed" and "probe" in b.reason  # the reference backend
 
 
 def test_packed_fast_loss_and_grad_equal_naive(model):
@@ -195,6 +208,7 @@ def test_fit_packed_equals_fit_hooked(model):
         (dict(output_logits_soft_cap=30.0), "soft cap"),
     ],
 )
+@needs_hooked("packed.unsupported reads HookedTransformer configs (tests/test_bridge.py holds the bridge's checks)")
 def test_unsupported_configs_are_named_and_fall_back(overrides, reason):
     model = _tiny(**overrides)
     why = unsupported(model)
@@ -211,6 +225,7 @@ def test_unsupported_configs_are_named_and_fall_back(overrides, reason):
     assert abs(lf.item() - tr.loss_naive(ex).item()) < 1e-5
 
 
+@needs_hooked("the allow-list is HookedTransformer's (the bridge's packed list has Qwen2)")
 def test_architecture_off_the_allow_list_uses_the_hooked_backend():
     """A config that passes every structural check but is not an architecture the tests cover (e.g. Qwen2)."""
     model = _tiny(original_architecture="Qwen2ForCausalLM")
@@ -228,7 +243,7 @@ def test_probe_mismatch_falls_back_to_hooked(monkeypatch, caplog):
     monkeypatch.setattr(packed.LastToken, "logits", lambda self, *a, **k: real(self, *a, **k) * 1.01)
     with caplog.at_level("WARNING", logger="site_lens.engine.backend"):
         b = backend_for(model)
-    assert b.name == "hooked" and "probe" in b.reason
+    assert b.name != "packed" and "probe" in b.reason  # the reference backend
     assert "probe" in caplog.text
 
 
@@ -238,7 +253,7 @@ def test_backend_is_chosen_once_and_recorded(model):
     assert backend_for(model) is b  # chosen once per model
     use_backend(model, "hooked")
     try:
-        assert backend_for(model).name == "hooked"
+        assert backend_for(model).name != "packed"
     finally:
         use_backend(model, "auto")
     assert backend_for(model) is b
@@ -248,14 +263,14 @@ def test_hooks_left_on_the_model_select_the_hooked_backend(model):
     model.blocks[0].attn.hook_z.add_hook(lambda act, hook: act * 2)
     try:
         b = backend_for(model)
-        assert b.name == "hooked" and "hooks" in b.reason
+        assert b.name != "packed" and "hooks" in b.reason
     finally:
         model.reset_hooks()
     assert backend_for(model).name == "packed"
 
 
 def test_one_prefix_many_gates_equals_row_by_row(model):
-    runner = LastToken(model)
+    runner = _packed(model)
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
     tokens = torch.tensor([5, 9, 17, 3, 22, 40, 7])
@@ -273,6 +288,7 @@ def test_one_prefix_many_gates_equals_row_by_row(model):
 DECODE_VARIANTS = ["gqa", "mha", "partial-rotary", "adjacent-rotary", "biases", "gemma3-like"]
 
 
+@needs_hooked("decodes against TransformerLens's KV cache (a bridge decodes against its own)")
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
 def test_packed_decode_logits_equal_hooked_cache(variant):
     from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
@@ -280,7 +296,7 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
     from site_lens.tokens import pad_right
 
     model = _variant_model(variant)
-    runner = LastToken(model)
+    runner = _packed(model)
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7]]  # right-padded to 7
     tokens, mask, last = pad_right(prompts, 0)
     cache = TransformerLensKeyValueCache.init_cache(model.cfg, "cpu", len(prompts))
@@ -330,7 +346,7 @@ def test_runner_is_kept_and_rebuilt_when_weights_change(model):
     r1 = runner()
     assert runner() is r1
     assert not hasattr(model, "_site_lens_lasttoken")  # nothing stashed on the model
-    w = model.blocks[0].mlp.W_out
+    w = _a_weight(model)
     with torch.no_grad():
         w.mul_(1.0)  # an in-place write, even of the same values, bumps the version
     r2 = runner()
@@ -344,7 +360,7 @@ def test_runner_built_under_inference_mode_still_trains(model):
     from site_lens.engine.generate import generate_greedy
 
     with torch.no_grad():
-        model.blocks[0].mlp.W_out.mul_(1.0)  # weights changed: the next call rebuilds the runner
+        _a_weight(model).mul_(1.0)  # weights changed: the next call rebuilds the runner
     generate_greedy(model, [[5, 9, 17]], max_new_tokens=3, stop_ids=set())  # builds the kept runner
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     trainer = AlphaTrainer(model, t, SelectionConfig(steps=2, eval_every=0))
@@ -369,7 +385,7 @@ def test_one_row_logits_and_gate_gradient_equal_hooked_model(variant, use_kernel
 
 def _one_row_equals_hooked(variant):
     model = _variant_model(variant)
-    runner = LastToken(model)
+    runner = _packed(model)
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
     tokens = torch.tensor([[5, 9, 17, 3, 22, 40, 7]])  # past the gemma3-like window of 4
@@ -403,7 +419,8 @@ def test_packed_generation_drops_finished_rows_without_changing_any_row(model, m
     for backend in ("packed", "hooked"):
         got, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=stop, backend=backend)
         assert got == want, backend
-    assert calls and min(calls) < len(prompts)  # the packed decoder did drop rows
+    if not is_bridge(model):  # a bridge decodes against its own cache (BridgeBackend), not the packed decoder
+        assert calls and min(calls) < len(prompts)  # the packed decoder did drop rows
 
 
 def test_float64_model_with_float32_gate(model):
@@ -412,7 +429,7 @@ def test_float64_model_with_float32_gate(model):
 
     torch.manual_seed(0)
     m64 = tiny(dtype=torch.float64)
-    runner = LastToken(m64)
+    runner = _packed(m64)
     c = m64.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
     alpha = torch.rand(c.n_layers, c.n_heads)  # float32
@@ -427,7 +444,7 @@ def test_float64_model_with_float32_gate(model):
 def test_runner_packed_while_weights_require_grad_trains_and_leaves_them_alone():
     model = _tiny()
     model.requires_grad_(True)  # e.g. a model loaded straight from TransformerLens
-    runner = LastToken(model)
+    runner = _packed(model)
     assert all(not v.requires_grad for w in runner.layers for v in vars(w).values() if isinstance(v, torch.Tensor))
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head)
@@ -473,8 +490,37 @@ def test_forcing_the_packed_backend(model):
     assert backend_for(model, "packed").name == "packed"
     model.blocks[0].hook_resid_pre.add_hook(lambda act, hook: act + 1)
     try:
-        assert backend_for(model, "packed").name == "hooked"
+        assert backend_for(model, "packed").name != "packed"
     finally:
         model.reset_hooks()
-    with pytest.raises(ConfigError, match="normalization"):
+    with pytest.raises(ConfigError, match="normalization|architecture"):  # a bridge's LayerNorm model is GPT-NeoX
         backend_for(_tiny(normalization_type="LN", final_rms=False), "packed")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_prompts_of_many_lengths_in_one_forward_equal_one_forward_per_length(variant):
+    """A ragged PromptCache (prefixes right-padded into one batch, each row's token at its own position)
+    gives each prompt the logits and gate gradient of the per-length forwards, one gate and t per row;
+    prompts past the gemma3-like window of 4 check the window is measured from each row's own end."""
+    model = _variant_model(variant)
+    c = model.cfg
+    g = torch.Generator().manual_seed(5)
+    words = ["ab", "abcdefgh", "abc", "abcdefghijk", "a", "abcde"]
+    examples = make_examples(model, [(f"Q: {w}\nA:", w[::-1]) for w in words])
+    assert len({len(e.tokens) for e in examples}) == len(words)
+    t = torch.randn(len(words), c.n_layers, c.n_heads, c.d_head, generator=g)
+    theta = torch.randn(len(words), c.n_layers, c.n_heads, generator=g).requires_grad_()
+    backend = backend_for(model)
+    assert backend.name == "packed"
+    got = {}
+    for ragged in (False, True):
+        cache = PromptCache(model, examples, backend=backend, ragged=ragged)
+        parts = cache.logits(list(range(len(words))), torch.sigmoid(theta), t)
+        assert cache.ragged == ragged and len(parts) == (1 if ragged else len(words))
+        logits = torch.zeros(len(words), c.d_vocab_out)
+        for idx, lg in parts:
+            logits = logits.index_copy(0, torch.tensor(idx), lg)
+        (grad,) = torch.autograd.grad(logits.logsumexp(-1).sum(), theta)
+        got[ragged] = (logits.detach(), grad)
+    assert torch.allclose(got[True][0], got[False][0], atol=1e-5)
+    assert torch.allclose(got[True][1], got[False][1], atol=1e-5)

@@ -88,6 +88,7 @@ class PackedBackend:
 
     name = "packed"
     kv_cache = True
+    ragged = True  # prefixes of many lengths in one forward (Prefix.pad)
 
     def __init__(self, model: Model, reason: str = ""):
         self._model = weakref.ref(model)

@@ -273,8 +273,9 @@ class LastToken:
         H, KV, D = self.n_heads, self.n_kv, self.d_head
         B, n = tokens.shape
         edits = resid_edits or {}
-        matmul = rows_matmul if span else row_matmul
         decoding = isinstance(keys, DecodeCache)
+        ragged = not decoding and keys.lengths is not None  # prefixes of many lengths, right-padded (Prefix.pad)
+        matmul = rows_matmul if span or ragged else row_matmul
         # what the tokens attend to: a decode cache, [prefix; tokens] in one fused op (own prefix per row,
         # or a span), or one prefix shared by every row, attended without copying it per row
         mode = "cache" if decoding else "fused" if span or keys.rows == B else "shared"
@@ -288,6 +289,11 @@ class LastToken:
         at = None  # one position in every row: rotary as a matrix; else the tables at (rows, n) positions
         if decoding:
             at = keys.pos[:, None]
+        elif ragged:  # each row's token right after its own prefix
+            if span:
+                raise ValueError("span logits take prefixes of one length")
+            at = keys.lengths[:, None]
+            self._cover(P + 1)
         elif span:
             at = torch.arange(P, P + n, device=resid.device)[None]
         for i, w in enumerate(self.layers):
@@ -314,6 +320,17 @@ class LastToken:
             valid = keys.valid[:, None, None, : P + 1]  # (batch, 1, 1, P + 1)
             masks = {win: _seen(P, 1, win, device) for win in self._windows}
             return {win: valid if m is None else valid & m for win, m in masks.items()}
+        if (
+            keys.lengths is not None
+        ):  # right-padded prefixes: row r's token (at position L_r) sees slots < L_r and itself
+            slot = torch.arange(P + 1, device=device)
+            ends = keys.lengths.to(device)[:, None]  # (batch, 1)
+            real = (slot < ends) | (slot == P)
+            out = {}
+            for win in self._windows:
+                m = real if win is None else real & ((slot > ends - win) | (slot == P))
+                out[win] = m[:, None, None]  # (batch, 1, 1, P + 1)
+            return out
         masks = {win: _seen(P, n, win, device) for win in self._windows}
         if n == 1:
             return masks

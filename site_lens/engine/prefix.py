@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
@@ -15,11 +16,14 @@ class Prefix:
 
     A bridge whose KV-cache path disagrees with its full forward keeps the prefix tokens instead
     (``tokens``; ``keys`` and ``values`` empty) and runs them again with the last token(s).
+    Prefixes of different lengths padded into one (``Prefix.pad``) carry each row's length
+    (``lengths``): the slots past it are padding, never attended to.
     """
 
     keys: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
     values: list[Tensor]  # per layer (batch, kv_head, pos, d_head)
     tokens: Tensor | None = None  # (batch, pos): the bridge's prefix
+    lengths: Tensor | None = None  # (batch,) each row's prefix length, where rows are right-padded to ``length``
 
     @property
     def length(self) -> int:
@@ -31,11 +35,33 @@ class Prefix:
 
     def select(self, rows: Int[Tensor, " rows"]) -> Prefix:
         toks = None if self.tokens is None else self.tokens.index_select(0, rows.to(self.tokens.device))
+        lengths = None if self.lengths is None else self.lengths.index_select(0, rows.to(self.lengths.device))
         if rows.numel() == 1:  # a view, no copy (batch-1 training steps)
             r = int(rows)
-            return Prefix([k[r : r + 1] for k in self.keys], [v[r : r + 1] for v in self.values], toks)
+            return Prefix([k[r : r + 1] for k in self.keys], [v[r : r + 1] for v in self.values], toks, lengths)
         return Prefix(
-            [k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values], toks
+            [k.index_select(0, rows) for k in self.keys], [v.index_select(0, rows) for v in self.values], toks, lengths
+        )
+
+    @staticmethod
+    def pad(parts: list[Prefix]) -> Prefix:
+        """Prefixes of any lengths as one, each part's rows right-padded to the longest (``lengths`` says where
+        each row ends). Keys and values only (not a bridge's token prefix)."""
+        if any(p.tokens is not None or p.lengths is not None for p in parts):
+            raise ValueError("Prefix.pad takes key/value prefixes of one length each")
+        longest = max(p.length for p in parts)
+        device = parts[0].keys[0].device
+        lengths = torch.cat([torch.full((p.rows,), p.length, dtype=torch.long, device=device) for p in parts])
+
+        def padded(x: Tensor) -> Tensor:
+            return F.pad(x, (0, 0, 0, longest - x.shape[2]))
+
+        n = len(parts[0].keys)
+        return Prefix(
+            [torch.cat([padded(p.keys[i]) for p in parts]) for i in range(n)],
+            [torch.cat([padded(p.values[i]) for p in parts]) for i in range(n)],
+            None,
+            lengths,
         )
 
     @staticmethod

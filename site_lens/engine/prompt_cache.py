@@ -28,7 +28,9 @@ class PromptCache:
     prompt. ``alpha`` and ``t`` are one for all prompts or one per prompt (a leading dim of
     ``len(cache)``, indexed by prompt). With ``owners`` (one int per prompt: which task, say,
     it belongs to) a leading dim is one per owner instead, indexed by each prompt's owner, so
-    prompts of many tasks run in one call, each under its own task's gate.
+    prompts of many tasks run in one call, each under its own task's gate. With ``ragged`` (on a
+    backend that takes it: the packed one) prompts of different lengths share one forward, their
+    prefixes right-padded (``Prefix.pad``); otherwise one forward per prefix length.
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class PromptCache:
         batch_size: int = 32,
         backend: Backend | None = None,
         owners: Sequence[int] | None = None,
+        ragged: bool = False,
     ):
         if any(len(e.tokens) < 2 for e in examples):
             raise ValueError("every prompt needs at least two tokens (a prefix and a last token)")
@@ -46,6 +49,8 @@ class PromptCache:
         self.owners = None if owners is None else torch.tensor(list(owners), dtype=torch.long)
         self.model = model
         self.backend = backend or backend_for(model)
+        # prompts of every length in one forward (their prefixes right-padded), where the backend takes that
+        self.ragged = ragged and getattr(self.backend, "ragged", False)
         self.examples = list(examples)
         self.where: dict[int, tuple[int, int]] = {}  # prompt index -> (prefix length, row in group)
         self.prefixes: dict[int, Prefix] = {}  # prefix length -> the group's prefix
@@ -90,8 +95,20 @@ class PromptCache:
     ) -> list[tuple[list[int], Float[Tensor, "rows d_vocab"]]]:
         """(prompt indices, their last-token logits) per prefix length among ``indices``."""
         device = self.model.cfg.device
+        groups = self.groups(indices)
+        if self.ragged and len(groups) > 1 and all(self.prefixes[n].tokens is None for n in groups):
+            idx = [i for part in groups.values() for i in part]
+            prefix = Prefix.pad(
+                [
+                    self.prefixes[n].select(torch.tensor([self.where[i][1] for i in part], device=device))
+                    for n, part in groups.items()
+                ]
+            )
+            last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
+            a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
+            return [(idx, self.backend.logits(last, prefix, a, tt, resid_edits=resid_edits))]
         out = []
-        for length, idx in self.groups(indices).items():
+        for length, idx in groups.items():
             rows = torch.tensor([self.where[i][1] for i in idx], device=device)
             last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
             a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)

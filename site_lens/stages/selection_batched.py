@@ -102,7 +102,9 @@ class BatchedAlphaTrainer:
         """Train every task's theta; returns one history per task, ``theta`` left at each task's best (or last)."""
         cfg, n = self.cfg, self.theta.shape[0]
         if len(trains) != n or (valids and len(valids) != n):
-            raise ValueError(f"one training (and valid) set per task: {n} tasks, {len(trains)} train, {len(valids)} valid")
+            raise ValueError(
+                f"one training (and valid) set per task: {n} tasks, {len(trains)} train, {len(valids)} valid"
+            )
         if any(not tr for tr in trains):
             raise ValueError("BatchedAlphaTrainer.fit needs at least one training example per task")
         valids = [list(v)[: cfg.max_valid] for v in valids] if valids else [[] for _ in range(n)]
@@ -119,11 +121,16 @@ class BatchedAlphaTrainer:
                 [trains[k][i] for k, u in enumerate(used) for i in u],
                 backend=backend,
                 owners=[k for k, u in enumerate(used) for _ in u],
+                ragged=True,
             )
             va_cache = va_rows = None
             if validate:
                 va_cache = PromptCache(
-                    self.model, [e for v in valids for e in v], backend=backend, owners=[k for k, v in enumerate(valids) for _ in v]
+                    self.model,
+                    [e for v in valids for e in v],
+                    backend=backend,
+                    owners=[k for k, v in enumerate(valids) for _ in v],
+                    ragged=True,
                 )
                 va_start = [sum(len(v) for v in valids[:k]) for k in range(n)]
                 va_rows = [list(range(va_start[k], va_start[k] + len(v))) for k, v in enumerate(valids)]
