@@ -275,10 +275,11 @@ class LastToken:
         edits = resid_edits or {}
         decoding = isinstance(keys, DecodeCache)
         ragged = not decoding and keys.lengths is not None  # prefixes of many lengths, right-padded (Prefix.pad)
-        matmul = rows_matmul if span or ragged else row_matmul
+        # a span's few rows: the kernel streaming W once; many tasks' rows (ragged): ATen's blocked product
+        matmul = rows_matmul if span else torch.matmul if ragged else row_matmul
         # what the tokens attend to: a decode cache, [prefix; tokens] in one fused op (own prefix per row,
-        # or a span), or one prefix shared by every row, attended without copying it per row
-        mode = "cache" if decoding else "fused" if span or keys.rows == B else "shared"
+        # or a span), or one prefix shared by every row (or right-padded ones), attended without copying it
+        mode = "cache" if decoding else "fused" if (span or keys.rows == B) and not ragged else "shared"
         P = keys.used if decoding else keys.length  # the first new token's position (cache slot)
         resid = self._embed(tokens.reshape(-1))  # (batch n, d_model)
         gated = alpha is not None and t is not None
