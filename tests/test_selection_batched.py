@@ -160,3 +160,39 @@ def test_fit_site_many_matches_fit_site(model, eight):
         assert torch.allclose(fit.adapter.theta, one.adapter.theta, atol=ATOL)
         assert fit.history.best_step == one.history.best_step
         assert fit.history.loss == pytest.approx(one.history.loss, abs=ATOL)
+
+
+def test_bench_with_a_task_batch_writes_the_rows_one_task_at_a_time_would(model, tmp_path, monkeypatch):
+    """``run_bench(task_batch=3)`` over four tasks (a batch of three, then one): every SITE row's theta is the
+    one-at-a-time bench's, its scores equal, its t kept; the other methods' rows untouched by it."""
+    from small import write_task_dir
+
+    from site_lens.config import EvalConfig
+    from site_lens.experiments import bench
+    from site_lens.experiments.kept_t import t_path
+
+    data = write_task_dir(tmp_path / "data", names=("upper", "lower", "upper2", "lower2"))
+    cfg = SiteConfig(
+        embedding=EmbeddingConfig(n_prompts=2, n_shots=2),
+        selection=SelectionConfig(steps=4, eval_every=2, max_valid=3),
+        eval=EvalConfig(max_test=3, max_new_tokens=3),
+    )
+    names = ["lower", "lower2", "upper", "upper2"]
+    rows = {}
+    for batch in (1, 3):
+        if batch == 3:  # every SITE row from fit_site_many: fitting one task alone is an error here
+            monkeypatch.setattr("site_lens.methods.site.fit_site", lambda *a, **k: pytest.fail("fit one at a time"))
+        out = tmp_path / f"b{batch}"
+        got = bench.run_bench(model, names, ["zero_shot", "site"], [1], out, data_dir=data, cfg=cfg, task_batch=batch)
+        rows[batch] = {(r["task"], r["method"]): r for r in got}
+        assert all(t_path(out, n, 1).is_file() for n in names)
+    assert rows[1].keys() == rows[3].keys() and len(rows[3]) == 8
+    for key, one in rows[1].items():
+        many = rows[3][key]
+        for field in ("first_token_acc", "exact_match", "strict_match", "n_test", "n_trainable"):
+            assert many[field] == one[field], (key, field)
+        if key[1] == "site":
+            info = [bench._read_json(bench.row_path(tmp_path / f"b{b}", key[0], 1, "site"))["info"] for b in (1, 3)]
+            assert torch.allclose(torch.tensor(info[1]["theta"]), torch.tensor(info[0]["theta"]), atol=ATOL), key
+            assert info[1]["best_step"] == info[0]["best_step"]
+            assert not torch.equal(torch.tensor(info[1]["theta"]), torch.zeros(len(info[1]["theta"]), len(info[1]["theta"][0])))

@@ -17,7 +17,7 @@ import textwrap
 from .._version import __version__
 from ..config import K_GRID, SPARSE_WEIGHTS
 from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
-from .args import comma_list, float_list, int_list, positive_int_or_all, seed_list
+from .args import comma_list, float_list, int_list, positive_int, positive_int_or_all, seed_list
 from .atlas import add_atlas_parsers
 from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
 from .data import add_data_parsers
@@ -234,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
     p.add_argument("--out", default=None, help="output folder (default: runs/bench/MODEL)")
+    p.add_argument(
+        "--task-batch",
+        type=positive_int,
+        default=1,
+        help="fit SITE's rows this many tasks at a time, stage 2 in one loop (each task's theta its own fit's; "
+        "memory grows with it: see BENCHMARKS.md) (default: 1, one at a time)",
+    )
     p.add_argument(
         "--shard",
         default=None,

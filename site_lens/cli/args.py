@@ -51,3 +51,14 @@ def positive_int_or_all(text: str) -> int | None:
     if value is not None and value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """A positive integer, e.g. '8'."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value

@@ -350,7 +350,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if "site" in methods:
         _check_backend(model, cfg)
-    bench.run_bench(model, tasks, methods, seeds, out, args.data, cfg=cfg, report=report)
+    bench.run_bench(model, tasks, methods, seeds, out, args.data, cfg=cfg, report=report, task_batch=args.task_batch)
     print((out / "summary.md").read_text())
     print(f"wrote {out / 'summary.csv'}, {out / 'summary.md'}, {out / 'rows.csv'}")
     return 0

@@ -26,6 +26,7 @@ every row on disk, so concurrent writers cannot drop each other's rows.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -44,65 +45,12 @@ from ..progress import Progress
 from ..tasks import TaskError, available_tasks, load_task  # noqa: F401 (available_tasks: also bench.available_tasks)
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 from .kept_t import ROWS_DIR, T_FILE, keep_t, kept_t, t_label, t_path  # noqa: F401 (T_FILE, t_path: also bench's)
+from .sharding import resolve, shard, slurm_shard  # noqa: F401 (bench.resolve, bench.shard ...)
 
 log = logging.getLogger(__name__)
 
 SPEC_FILE = "bench.json"
 LOCKS_DIR = ".locks"
-
-# ---------------------------------------------------------------- choosing what to run
-
-
-def resolve(spec: str, valid: Sequence[str], what: str, every: Sequence[str] | None = None) -> list[str]:
-    """'all' (``every``, default ``valid``) or a comma list, checked against ``valid`` (an unknown name is a one-line error)."""
-    if spec.strip() == "all":
-        return list(valid if every is None else every)
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in valid]
-    if unknown or not names:
-        err = TaskError if what == "task" else ConfigError
-        raise err(
-            f"unknown {what}(s) {', '.join(repr(u) for u in unknown) or '(none given)'}; valid: {', '.join(valid)}"
-        )
-    return list(dict.fromkeys(names))
-
-
-def slurm_shard(env: dict[str, str] | None = None) -> str | None:
-    """'I/N' for this element of a Slurm job array (None outside one).
-
-    I counts from the array's first index in its step (``--array=10-20:5`` gives 0/3, 1/3, 2/3),
-    N is the array's size; an array given as an irregular list has no such I and is refused.
-    """
-    env = os.environ if env is None else env
-    if "SLURM_ARRAY_TASK_ID" not in env:
-        return None
-    try:
-        tid, lo, n = (int(env[k]) for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT"))
-        step = int(env.get("SLURM_ARRAY_TASK_STEP", "1"))
-    except (KeyError, ValueError) as e:
-        raise ConfigError(f"Slurm array variables are incomplete or not integers ({e}); pass --shard I/N") from None
-    i, rem = divmod(tid - lo, max(step, 1))
-    if rem or not 0 <= i < n:
-        raise ConfigError(
-            f"Slurm array task {tid} is not index I of min {lo}, step {step}, count {n} "
-            f"(an irregular --array list?); pass --shard I/N"
-        )
-    return f"{i}/{n}"
-
-
-def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
-    """Tasks I, I+N, ... of the sorted list for ``spec`` 'I/N' (I from 0); all of them for None."""
-    tasks = sorted(tasks)
-    if not spec:
-        return tasks
-    try:
-        i, n = (int(x) for x in spec.split("/"))
-    except ValueError:
-        raise ConfigError(f"--shard must look like I/N (e.g. 0/4), got '{spec}'") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ConfigError(f"--shard I/N needs 0 <= I < N, got '{spec}'")
-    return tasks[i::n]
-
 
 # ---------------------------------------------------------------- rows on disk
 
@@ -141,7 +89,9 @@ def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
     with locks.wait(out / LOCKS_DIR / "folder"):
         old = _read_json(out / SPEC_FILE) or {}
         if old.get("model") not in (None, spec["model"]):
-            raise ConfigError(f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out")
+            raise ConfigError(
+                f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out"
+            )
         if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
             restore_rows(out, old)
         for k in ("methods", "seeds"):
@@ -170,7 +120,9 @@ def restore_rows(out: Path, spec: dict[str, Any]) -> int:
         )
     cfg = SiteConfig.from_dict(spec["config"])
     if (cfg.eval.max_test, cfg.eval.max_new_tokens) != (spec.get("max_test"), spec.get("max_new_tokens")):
-        raise ConfigError(f"{out / SPEC_FILE}: its config and its max_test / max_new_tokens disagree: use another --out")
+        raise ConfigError(
+            f"{out / SPEC_FILE}: its config and its max_test / max_new_tokens disagree: use another --out"
+        )
     recorded = spec.get("row_specs")
 
     def spec_of(method: str) -> dict[str, Any] | None:
@@ -207,8 +159,15 @@ def _from_csv(key: str, text: str) -> Any:
 
 # Which settings each method's numbers depend on, beyond the model and the scoring caps
 # (batch sizes and the backend change no result and are left out).
-_EMBEDDING_USERS = {"site": ("n_prompts", "n_shots"), "site_seq": ("n_prompts", "n_shots"), "site_opt": ("n_prompts", "n_shots"), "fv": ("n_prompts", "n_shots"), "tv": ("n_prompts", "n_shots"),
-                    "mtv": ("n_prompts", "n_shots"), "icl": ("n_shots",)}
+_EMBEDDING_USERS = {
+    "site": ("n_prompts", "n_shots"),
+    "site_seq": ("n_prompts", "n_shots"),
+    "site_opt": ("n_prompts", "n_shots"),
+    "fv": ("n_prompts", "n_shots"),
+    "tv": ("n_prompts", "n_shots"),
+    "mtv": ("n_prompts", "n_shots"),
+    "icl": ("n_shots",),
+}
 _SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast", "objective")
 
 
@@ -217,7 +176,11 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
 
     Settings at their defaults are left out, so folders from before settings were recorded resume.
     """
-    spec: dict[str, Any] = {"model": model_name, "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
+    spec: dict[str, Any] = {
+        "model": model_name,
+        "max_test": cfg.eval.max_test,
+        "max_new_tokens": cfg.eval.max_new_tokens,
+    }
     default = SiteConfig()
     changed: dict[str, Any] = {}
     if not cfg.eval.stop_at_newline:
@@ -269,8 +232,12 @@ def run_bench(
     factories: dict[str, Callable[[], Method]] | None = None,
     report: Callable[[dict[str, Any]], None] | None = None,
     locks: Locks | None = None,
+    task_batch: int = 1,
 ) -> list[dict[str, Any]]:
     """Run every missing (task, method, seed) row no other process is running, then rewrite the folder's summary.
+
+    ``task_batch`` > 1 fits SITE's rows that many tasks at a time (``fit_site_many``: stage 2 of the
+    tasks in one loop, each task's theta its own fit's), before the other rows.
 
     ``cfg`` (default: the paper's settings, the first 100 test items) sets SITE's stages, ICL's
     shots, the few-shot prompts the methods share (``cfg.embedding``) and the scoring
@@ -287,11 +254,24 @@ def run_bench(
         log.info("removed temp files left by an interrupted run")
     _merge_spec(
         out,
-        {**spec, "dtype": dtype, "model_identity": ident, "methods": list(methods), "seeds": list(seeds),
-         "config": cfg.to_dict(), "row_specs": {m: row_spec(ident["name"], cfg, m, dtype) for m in methods}},
+        {
+            **spec,
+            "dtype": dtype,
+            "model_identity": ident,
+            "methods": list(methods),
+            "seeds": list(seeds),
+            "config": cfg.to_dict(),
+            "row_specs": {m: row_spec(ident["name"], cfg, m, dtype) for m in methods},
+        },
         locks,
     )
+    if task_batch < 1:
+        raise ConfigError(f"task_batch must be >= 1, got {task_batch}")
     with Progress(len(tasks) * len(seeds) * len(methods), "bench", unit="row") as progress:
+        if task_batch > 1 and "site" in methods and factories is None:
+            for seed in seeds:
+                for i in range(0, len(tasks), task_batch):
+                    _site_together(model, tasks[i : i + task_batch], seed, out, data_dir, cfg, locks, progress, report)
         for name in tasks:
             task = None
             for seed in seeds:
@@ -317,7 +297,9 @@ def run_bench(
                         row = fit_and_score(model, method, task, seed, ctx, cfg.eval)
                         on_disk = {**row, "spec": spec_m, "computed_by": owner_tag()}  # computed_by: host.pid
                         if not locks.still_held(lock_path(out, name, seed, m)):
-                            log.warning("%s seed %d %s: lock taken over by another process; result dropped", name, seed, m)
+                            log.warning(
+                                "%s seed %d %s: lock taken over by another process; result dropped", name, seed, m
+                            )
                             progress.done(f"{name} seed {seed} {m}: dropped (lock taken over)")
                             continue
                         write_json_atomic(path, on_disk)
@@ -333,12 +315,59 @@ def run_bench(
     return write_summary(out, locks=locks)
 
 
+def _site_together(
+    model: Model,
+    names: Sequence[str],
+    seed: int,
+    out: Path,
+    data_dir: str | Path | None,
+    cfg: SiteConfig,
+    locks: Locks,
+    progress: Progress,
+    report: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    """SITE's missing rows of ``names`` at ``seed`` fitted in one loop (``fit_site_many``), then scored and
+    written one by one, each under its lock from before the fit (as ``run_bench`` holds it)."""
+    from contextlib import ExitStack
+
+    from ..methods import Site, fit_site_many, scored_row
+
+    ident = model_identity(model)
+    dtype = str(model.cfg.dtype).removeprefix("torch.")
+    spec_m = row_spec(ident["name"], cfg, "site", dtype)
+    with ExitStack() as stack:
+        mine = [
+            n
+            for n in names
+            if not is_done(row_path(out, n, seed, "site"), spec_m)
+            and stack.enter_context(locks.hold(lock_path(out, n, seed, "site")))
+            and not is_done(row_path(out, n, seed, "site"), spec_m)
+        ]
+        if not mine:
+            return
+        progress.start(f"site seed {seed}: {len(mine)} tasks in one loop, {mine[0]} ... {mine[-1]}")
+        tasks = [load_task(n, data_dir=data_dir) for n in mine]
+        fits = fit_site_many(model, tasks, dataclasses.replace(cfg, seed=seed))
+        for name, task, fit in zip(mine, tasks, fits):
+            # fit_seconds: its stage 1 and its share of the shared loop
+            row = scored_row(model, Site.from_fit(fit), task, seed, cfg.eval, sum(fit.seconds.values()))
+            if not locks.still_held(lock_path(out, name, seed, "site")):
+                log.warning("%s seed %d site: lock taken over by another process; result dropped", name, seed)
+                continue
+            on_disk = {**row, "spec": spec_m, "computed_by": owner_tag()}
+            write_json_atomic(row_path(out, name, seed, "site"), on_disk)
+            label = t_label(ident["name"], dtype, cfg.embedding, task)
+            if kept_t(out, name, seed, label) is None:
+                keep_t(out, name, seed, fit.adapter.t, label)
+            log.info("%s seed %d site: prefix %.2f strict %.2f", name, seed, row["exact_match"], row["strict_match"])
+            if report is not None:
+                report(on_disk)
+
+
 # ---------------------------------------------------------------- summary files
 
 
-def write_summary(
-    out: Path, sources: Sequence[Path] | None = None, locks: Locks | None = None
-) -> list[dict[str, Any]]:
+def write_summary(out: Path, sources: Sequence[Path] | None = None, locks: Locks | None = None) -> list[dict[str, Any]]:
     """rows.csv, summary.csv and summary.md in ``out`` from the rows of ``sources`` (default ``out``).
 
     Written under the folder lock from the rows on disk at that moment: the last writer has every row.

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..config import ConfigError, SiteConfig
-from .base import Method, Row, Score, TaskContext, TrainConfig, fit_and_score, score_method
+from .base import Method, Row, Score, TaskContext, TrainConfig, fit_and_score, score_method, scored_row
 from .fv import FunctionVector
 from .i2cl import I2CL
 from .mtv import MTVConfig, MultimodalTaskVector
@@ -124,5 +124,6 @@ __all__ = [
     "fit_site_many",
     "make_method",
     "score_method",
+    "scored_row",
     "with_objective",
 ]

@@ -231,7 +231,11 @@ def fit_and_score(model: Model, method: Method, task: Task, seed: int, ctx: Task
     """Fit ``method`` on ``task`` (train, valid) with ``seed``, then score it on test: one row."""
     t0 = time.perf_counter()
     method.fit(model, task, seed, ctx)
-    fit_seconds = time.perf_counter() - t0
+    return scored_row(model, method, task, seed, cfg, time.perf_counter() - t0)
+
+
+def scored_row(model: Model, method: Method, task: Task, seed: int, cfg: EvalConfig, fit_seconds: float) -> Row:
+    """A fitted method's row: scored on test, with what fitting it cost."""
     return Row(
         task=task.name,
         category=category(task),

@@ -201,10 +201,20 @@ class Site(Method):
         """One theta per (layer, head)."""
         return 0 if self.adapter is None else self.adapter.theta.numel()
 
+    @classmethod
+    def from_fit(cls, fit: SiteFit, cfg: SiteConfig | None = None) -> Site:
+        """A fitted SITE method from a ``fit_site`` or ``fit_site_many`` result (its info as ``fit`` records it)."""
+        method = cls(cfg)
+        method._take(fit)
+        return method
+
     def fit(self, model: Model, task: Task, seed: int, ctx: TaskContext | None = None) -> None:
-        self.result = fit_site(model, task, dataclasses.replace(self.cfg, seed=seed), self.progress, ctx)
-        self.adapter = self.result.adapter
-        h = self.result.history
+        self._take(fit_site(model, task, dataclasses.replace(self.cfg, seed=seed), self.progress, ctx))
+
+    def _take(self, fit: SiteFit) -> None:
+        self.result = fit
+        self.adapter = fit.adapter
+        h = fit.history
         self.info = {
             "best_step": h.best_step,
             "best_valid_loss": h.best_valid_loss,
