@@ -57,7 +57,7 @@ from ..models.engines import Model
 from .kernels import available as kernels_available
 from .kernels import row_matmul, rows_matmul
 from .packed_layer import PackedLayer, add_bias, bias_or_none, maybe_rms, pack_block, rms, rotate, unsupported
-from .prefix import DecodeCache, Prefix, check_rows
+from .prefix import DecodeCache, Prefix, check_rows, seen
 
 ResidEdits = dict[int, Callable[[Tensor], Tensor]]
 
@@ -319,20 +319,11 @@ class LastToken:
         """This forward's attention mask for each window (None: every key seen), as ``_attend`` takes it."""
         if isinstance(keys, DecodeCache):  # the filled slots that hold real tokens, within the window
             valid = keys.valid[:, None, None, : P + 1]  # (batch, 1, 1, P + 1)
-            masks = {win: _seen(P, 1, win, device) for win in self._windows}
+            masks = {win: seen(P, 1, win, device) for win in self._windows}
             return {win: valid if m is None else valid & m for win, m in masks.items()}
-        if (
-            keys.lengths is not None
-        ):  # right-padded prefixes: row r's token (at position L_r) sees slots < L_r and itself
-            slot = torch.arange(P + 1, device=device)
-            ends = keys.lengths.to(device)[:, None]  # (batch, 1)
-            real = (slot < ends) | (slot == P)
-            out = {}
-            for win in self._windows:
-                m = real if win is None else real & ((slot > ends - win) | (slot == P))
-                out[win] = m[:, None, None]  # (batch, 1, 1, P + 1)
-            return out
-        masks = {win: _seen(P, n, win, device) for win in self._windows}
+        if keys.lengths is not None:  # right-padded prefixes (Prefix.pad)
+            return {win: keys.seen_by_next(win) for win in self._windows}
+        masks = {win: seen(P, n, win, device) for win in self._windows}
         if n == 1:
             return masks
         G = self.n_heads // self.n_kv  # a span's query rows are ordered (group, position)
@@ -397,14 +388,3 @@ class LastToken:
         h = add_bias(w.act(gate) * up, w.b_in)
         down = add_bias(matmul(h, w.w_out), w.b_out) if self.rows else F.linear(h, w.w_out, w.b_out)
         return maybe_rms(down, w.ln2_post)
-
-
-def _seen(first: int, n: int, window: int | None, device: torch.device) -> Tensor | None:
-    """Which keys the queries at positions first .. first + n - 1 see, (n, first + n) bool: those at or before
-    their own position and, in a local layer, after position - window. None where one query sees every key."""
-    if n == 1 and (window is None or first < window):
-        return None
-    k = torch.arange(first + n, device=device)
-    q = torch.arange(first, first + n, device=device)[:, None]  # (n, 1)
-    seen = k <= q
-    return seen if window is None else seen & (k > q - window)

@@ -64,6 +64,16 @@ class Prefix:
             lengths,
         )
 
+    def seen_by_next(self, window: int | None) -> Tensor:
+        """Right-padded rows (``pad``): which of the ``length`` + 1 slots each row's next token sees, (batch, 1, 1,
+        length + 1): its own prefix's slots (within ``window`` of its position, the row's length) and itself."""
+        assert self.lengths is not None, "seen_by_next is for padded prefixes"
+        P = self.length
+        slot = torch.arange(P + 1, device=self.lengths.device)
+        ends = self.lengths[:, None]  # (batch, 1): each row's next token's position
+        own = (slot < ends) if window is None else (slot < ends) & (slot > ends - window)
+        return (own | (slot == P))[:, None, None]
+
     @staticmethod
     def cat(parts: list[Prefix]) -> Prefix:
         n = len(parts[0].keys)
@@ -102,3 +112,14 @@ class DecodeCache:
             self.used,
             self.pos.index_select(0, rows),
         )
+
+
+def seen(first: int, n: int, window: int | None, device: torch.device) -> Tensor | None:
+    """Which keys the queries at positions first .. first + n - 1 see, (n, first + n) bool: those at or before
+    their own position and, in a local layer, after position - window. None where one query sees every key."""
+    if n == 1 and (window is None or first < window):
+        return None
+    k = torch.arange(first + n, device=device)
+    q = torch.arange(first, first + n, device=device)[:, None]  # (n, 1)
+    seen = k <= q
+    return seen if window is None else seen & (k > q - window)
