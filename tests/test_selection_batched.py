@@ -99,6 +99,19 @@ def test_batch_of_one_prompt_per_task_matches(model, eight):
     check_equal(single_fits(model, ts[:4], trains[:4], valids[:4], cfg), batched_fit(model, ts[:4], trains[:4], valids[:4], cfg))
 
 
+class SmallWindows(BatchedAlphaTrainer):
+    """Prefixes cached three steps ahead, at most two prompts per forward (validation in several)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.cache_steps, self.max_rows = 3, 2
+
+
+def test_cache_windows_and_row_chunks_change_nothing(model, eight):
+    _, ts, trains, valids = eight
+    check_equal(single_fits(model, ts, trains, valids), batched_fit(model, ts, trains, valids, trainer_cls=SmallWindows))
+
+
 class PoisonedTrainer(BatchedAlphaTrainer):
     """Task 2's training loss is NaN from step 3 on (the other tasks' rows untouched)."""
 

@@ -7,7 +7,9 @@ one a single-task fit uses), runs all the rows in one ``PromptCache`` (each prom
 its task, so each row gets its own task's alpha and t), and sums the tasks' mean losses:
 task k's gradient is its own loss's. ``training.train_loop_many`` does one Adam step on the
 stacked theta (n independent Adams), validates, keeps each task's best and stops a task
-alone at a non-finite loss. Per task the numbers are the single-task fit's (tests hold it to
+alone at a non-finite loss. Memory: the training prompts' prefixes are cached ``cache_steps``
+steps ahead (not the whole schedule's, which for 45 tasks would not fit), and a forward takes
+at most ``max_rows`` prompts, shortest first (validation's many prompts go in several). Per task the numbers are the single-task fit's (tests hold it to
 that step by step); a step costs about one batch-1 step's weight reads instead of n.
 
     trainer = BatchedAlphaTrainer(model, [t_a, t_b], cfg, seed=0)
@@ -18,6 +20,7 @@ that step by step); a step costs about one batch-1 step's weight reads instead o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +75,8 @@ class BatchedAlphaTrainer:
         )
         self.histories: list[TrainHistory] = []
         self.backend_used: Backend | None = None
+        self.cache_steps = 50  # training prompts' prefixes are cached this many steps ahead
+        self.max_rows = 64  # prompts in one forward (validation's many prompts go in several)
 
     def alpha(self) -> Float[Tensor, "task layer head_index"]:
         """Every task's alpha = sigmoid(theta)."""
@@ -81,15 +86,17 @@ class BatchedAlphaTrainer:
         """Each task's mean first-token CE over its cache rows ``rows[k]`` (0 where empty), in one cache call."""
         n = self.theta.shape[0]
         device = self.model.cfg.device
-        idx = [i for part in rows for i in part]
+        # shortest prompts first, at most max_rows in a forward: little padding, bounded memory
+        idx = sorted((i for part in rows for i in part), key=lambda i: len(cache.examples[i].tokens))
         sums = torch.zeros(n, device=device)
         if idx:
             alpha = self.alpha()
             assert cache.owners is not None
-            for group, logits in cache.logits(idx, alpha, self.t):
-                target = torch.tensor([cache.examples[i].target for i in group], device=logits.device)
-                ce = F.cross_entropy(logits.float(), target, reduction="none")
-                sums = sums.index_add(0, cache.owners[group].to(device), ce.to(device))
+            for at in range(0, len(idx), self.max_rows):
+                for group, logits in cache.logits(idx[at : at + self.max_rows], alpha, self.t):
+                    target = torch.tensor([cache.examples[i].target for i in group], device=logits.device)
+                    ce = F.cross_entropy(logits.float(), target, reduction="none")
+                    sums = sums.index_add(0, cache.owners[group].to(device), ce.to(device))
         counts = torch.tensor([max(1, len(part)) for part in rows], device=device, dtype=sums.dtype)
         return sums / counts
 
@@ -112,17 +119,22 @@ class BatchedAlphaTrainer:
         plans = [schedule(len(tr), cfg.steps, cfg.batch_size, self.seed) for tr in trains]
         with frozen(self.model):
             backend = self.backend_used = backend_for(self.model, cfg.backend)
-            # one cache for every task's scheduled prompts: rows [start[k], start[k] + len(used[k])) are task k's
-            used = [sorted({i for b in plan for i in b}) for plan in plans]
-            start = [sum(len(u) for u in used[:k]) for k in range(n)]
-            remap = [{i: start[k] + j for j, i in enumerate(u)} for k, u in enumerate(used)]
-            tr_cache = PromptCache(
-                self.model,
-                [trains[k][i] for k, u in enumerate(used) for i in u],
-                backend=backend,
-                owners=[k for k, u in enumerate(used) for _ in u],
-                ragged=True,
-            )
+            window: dict[str, Any] = {"step": 0}
+
+            def cache_from(first: int) -> None:
+                """One cache of every task's prompts for steps first .. first + cache_steps - 1 (memory: that
+                many steps' prefixes, not the whole schedule's); task k's rows follow task k - 1's."""
+                used = [sorted({i for b in plan[first : first + self.cache_steps] for i in b}) for plan in plans]
+                start = [sum(len(u) for u in used[:k]) for k in range(n)]
+                window["remap"] = [{i: start[k] + j for j, i in enumerate(u)} for k, u in enumerate(used)]
+                window["cache"] = None  # the last window's prefixes freed before the next are made
+                window["cache"] = PromptCache(
+                    self.model,
+                    [trains[k][i] for k, u in enumerate(used) for i in u],
+                    backend=backend,
+                    owners=[k for k, u in enumerate(used) for _ in u],
+                    ragged=True,
+                )
             va_cache = va_rows = None
             if validate:
                 va_cache = PromptCache(
@@ -136,8 +148,12 @@ class BatchedAlphaTrainer:
                 va_rows = [list(range(va_start[k], va_start[k] + len(v))) for k, v in enumerate(valids)]
 
             def step_losses(batches: list[Sequence[int] | None]) -> Tensor:
+                if window["step"] % self.cache_steps == 0:
+                    cache_from(window["step"])
+                window["step"] += 1
+                remap = window["remap"]
                 rows = [[] if b is None else [remap[k][i] for i in b] for k, b in enumerate(batches)]
-                return self.task_losses(tr_cache, rows)
+                return self.task_losses(window["cache"], rows)
 
             def valid_losses(live: list[bool]) -> list[float | None]:
                 assert va_cache is not None and va_rows is not None
