@@ -124,6 +124,18 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in weights)
     print(f"{args.model}: {params / 1e6:.1f} M parameters multiplied per token, {threads} thread(s); "
           f"stage 1 for the t's {stage1:.0f} s", flush=True)  # fmt: skip
+    # what every fit pays whatever B is: the prefixes of its scheduled training prompts and of its valid prompts
+    from site_lens.engine.prompt_cache import PromptCache
+    from site_lens.stages.training import schedule
+
+    prefill = []
+    for tr, va in list(zip(trains, valids))[: args.single]:
+        used = sorted({i for b in schedule(len(tr), args.steps, 1, 0) for i in b})
+        t0 = time.perf_counter()
+        PromptCache(model, [tr[i] for i in used] + list(va))
+        prefill.append(time.perf_counter() - t0)
+    prefill_s = statistics.median(prefill)
+    print(f"prefixes of one task's {args.steps} steps' prompts and valid prompts: {prefill_s:.1f} s", flush=True)
 
     results = []
     for b in sizes:
@@ -155,6 +167,7 @@ def main() -> None:
             "speedup": one_s / many_s,
             "tasks_per_hour_one": 3600 * b / (one_s * 400 / args.steps),
             "tasks_per_hour_batched": 3600 * b / (many_s * 400 / args.steps),
+            "prefill_s_per_task": prefill_s,
             "single_step_ms": one_ms,
             "batched_step_ms": many_ms,
             "step_speedup": b * one_ms / many_ms,
