@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from helpers import char_tokenizer, needs_hooked, tiny
@@ -26,15 +28,16 @@ PAIRS = [(f"Q: {w}\nA:", w[::-1]) for w in ("cat", "dog", "sun", "moon", "tree",
 
 
 @pytest.fixture(scope="module")
-def hooked64():
+def tiny64():
     torch.manual_seed(0)
     return tiny(dtype=torch.float64)
 
 
-@pytest.fixture(scope="module", params=["hooked", "bridge"])
+@pytest.fixture(scope="module", params=["tiny", "bridge"])
 def model64(request):
-    """A tiny float64 model on each engine (the HookedTransformer skips on TransformerLens 4)."""
-    if request.param == "hooked":
+    """Two tiny float64 models: ``tiny()``'s (a HookedTransformer, on TransformerLens 4 its bridge counterpart)
+    and a bridge around a transformers Llama."""
+    if request.param == "tiny":
         torch.manual_seed(0)
         return tiny(dtype=torch.float64)
     return _bridge("llama")
@@ -71,35 +74,36 @@ def test_the_error_falls_as_the_square_of_the_patch(model64):
     assert err[0.05] < 0.05 * size[0.05] and size[0.05] > 1e-4, (err, size)
 
 
-def test_the_estimate_is_the_derivative_along_t_minus_z(hooked64):
+def test_the_estimate_is_the_derivative_along_t_minus_z(tiny64):
     """Equal to a central finite difference of the measured effect."""
-    ex = make_examples(hooked64, PAIRS)
-    t = build_task_embedding(hooked64, FEW_SHOT)
-    est = attribution_scores(hooked64, ex, t)
-    fd = _central_difference(hooked64, ex, t)
+    ex = make_examples(tiny64, PAIRS)
+    t = build_task_embedding(tiny64, FEW_SHOT)
+    est = attribution_scores(tiny64, ex, t)
+    fd = _central_difference(tiny64, ex, t)
     assert torch.allclose(est, fd, rtol=1e-5, atol=1e-8), (est - fd).abs().max()
     assert est.abs().max() > 1e-3
 
 
-def test_the_estimate_is_t_minus_z_dot_the_gradient(hooked64):
+def test_the_estimate_is_t_minus_z_dot_the_gradient(tiny64):
     """One prompt, by hand: a zero delta added to every layer's z at the last token, back-propagated."""
-    ex = make_examples(hooked64, PAIRS)
-    t = build_task_embedding(hooked64, FEW_SHOT)
+    ex = make_examples(tiny64, PAIRS)
+    t = build_task_embedding(tiny64, FEW_SHOT)
     tokens = torch.tensor([ex[0].tokens])
     deltas = {
-        n: torch.zeros(hooked64.cfg.n_heads, hooked64.cfg.d_head, dtype=torch.float64, requires_grad=True)
-        for n in z_names(hooked64)
+        n: torch.zeros(tiny64.cfg.n_heads, tiny64.cfg.d_head, dtype=torch.float64, requires_grad=True)
+        for n in z_names(tiny64)
     }
     zs = {}
 
-    def add_delta(z, hook):
-        zs[hook.name] = z[0, -1].detach()
-        return torch.cat([z[:, :-1], (z[:, -1] + deltas[hook.name])[:, None]], dim=1)
+    def add_delta(z, hook, name):  # name: the z hook's (a bridge's hook reports the point it aliases)
+        zs[name] = z[0, -1].detach()
+        return torch.cat([z[:, :-1], (z[:, -1] + deltas[name])[:, None]], dim=1)
 
-    logits = hooked64.run_with_hooks(tokens, fwd_hooks=[(n, add_delta) for n in z_names(hooked64)])[:, -1]
+    hooks = [(n, functools.partial(add_delta, name=n)) for n in z_names(tiny64)]
+    logits = tiny64.run_with_hooks(tokens, fwd_hooks=hooks)[:, -1]
     answer_logprob(logits, torch.tensor([ex[0].target])).sum().backward()
-    by_hand = torch.stack([((t[i] - zs[n]) * deltas[n].grad).sum(-1) for i, n in enumerate(z_names(hooked64))])
-    got = attribution_per_prompt(hooked64, ex[:1], t)[0]
+    by_hand = torch.stack([((t[i] - zs[n]) * deltas[n].grad).sum(-1) for i, n in enumerate(z_names(tiny64))])
+    got = attribution_per_prompt(tiny64, ex[:1], t)[0]
     assert torch.allclose(got, by_hand, rtol=1e-9, atol=1e-12), (got - by_hand).abs().max()
 
 
