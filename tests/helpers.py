@@ -31,16 +31,110 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny(**overrides):
-    """A tiny random Llama-like HookedTransformer with the character tokenizer (skips on TransformerLens 4)."""
-    import pytest
-
+    """A tiny random Llama-like model with the character tokenizer: a HookedTransformer where TransformerLens has
+    one (3.x), else a TransformerBridge of the same shape (``tiny_bridge_like``)."""
     from site_lens.models.engines import HOOKED
     from site_lens.models.tiny import tiny_model
 
     if HOOKED is None:
-        pytest.skip("needs HookedTransformer (TransformerLens 3.x); tests/test_bridge.py covers the bridge")
+        return tiny_bridge_like(**overrides)
     tok = char_tokenizer()
     overrides.setdefault("d_vocab", len(tok.get_vocab()))
     gemma_like = overrides.get("use_qk_norm") or overrides.get("use_normalization_before_and_after")
     overrides.setdefault("original_architecture", "Gemma3ForCausalLM" if gemma_like else "LlamaForCausalLM")
     return tiny_model(tokenizer=tok, **overrides)
+
+
+# HookedTransformerConfig fields -> the tiny transformers config's
+HF_FIELDS = {
+    "n_layers": "num_hidden_layers",
+    "d_model": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "d_head": "head_dim",
+    "d_mlp": "intermediate_size",
+    "n_ctx": "max_position_embeddings",
+    "n_key_value_heads": "num_key_value_heads",
+    "d_vocab": "vocab_size",
+    "initializer_range": "initializer_range",
+}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "Qwen2ForCausalLM": "qwen2"}
+ARCHITECTURES |= {"MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3", "GPTNeoXForCausalLM": "gpt_neox"}
+# values that are what the bridge's Llama-like and Gemma-3-like blocks are anyway
+IMPLIED = {
+    "normalization_type": "RMS",
+    "final_rms": True,
+    "positional_embedding_type": "rotary",
+    "gated_mlp": True,
+    "rotary_adjacent_pairs": False,
+    "attn_only": False,
+    "device": "cpu",
+    "default_prepend_bos": False,
+}
+
+
+def tiny_bridge_like(**overrides):
+    """The TransformerBridge counterpart of ``tiny(**overrides)``: a tiny random Llama (Gemma 3 where Q/K norms or
+    post-sublayer norms are asked for; the named ``original_architecture`` otherwise) of the same shape, with the
+    same defaults (2 layers, d_model 32, 4 heads of 8, 2 key/value heads, d_mlp 64, n_ctx 64).
+
+    A HookedTransformer setting no such transformers model has (partial or adjacent-pair rotary, LayerNorm,
+    attention-only blocks ...) skips the test, naming it.
+    """
+    import pytest
+    import torch
+
+    from site_lens.models.bridge import bridge_from_hf, tiny_hf
+    from site_lens.models.identity import register
+
+    o = dict(overrides)
+    dtype, seed = o.pop("dtype", torch.float32), o.pop("seed", 0)
+    if o.get("normalization_type") == "LN":  # a LayerNorm model: GPT-NeoX's (off the packed engine's list)
+        o.pop("normalization_type"), o.pop("final_rms", None)
+        o.setdefault("original_architecture", "GPTNeoXForCausalLM")
+    for key, value in IMPLIED.items():
+        given = o.pop(key, value)
+        if given != value:
+            pytest.skip(f"the tiny TransformerBridge has no {key}={given!r} (its blocks are Llama's or Gemma 3's)")
+    gemma = bool(o.pop("use_qk_norm", False)) | bool(o.pop("use_normalization_before_and_after", False))
+    named = o.pop("original_architecture", "Gemma3ForCausalLM" if gemma else "LlamaForCausalLM")
+    arch = ARCHITECTURES.get(named)
+    if arch is None or gemma != (arch == "gemma3"):
+        pytest.skip(f"no tiny TransformerBridge of {named} with these norms")
+    hf = {HF_FIELDS[k]: o.pop(k) for k in list(o) if k in HF_FIELDS}
+    hf.setdefault("max_position_embeddings", 64)
+    # HookedTransformer's weight scale (its gpt2 init: 0.8 / sqrt(d_model)), not transformers' 0.02, under which a
+    # tiny model's layers barely differ
+    hf.setdefault("initializer_range", 0.8 / hf.get("hidden_size", 32) ** 0.5)
+    n_layers = hf.setdefault("num_hidden_layers", 2)
+    if hf.get("num_key_value_heads", 0) is None:  # multi-head attention
+        hf["num_key_value_heads"] = hf.get("num_attention_heads", 4)
+    d_head = hf.get("head_dim", 8)
+    rotary_dim = o.pop("rotary_dim", d_head)
+    if rotary_dim not in (None, d_head):
+        pytest.skip("the tiny TransformerBridge rotates whole heads (no partial rotary on Llama or Gemma 3)")
+    act = o.pop("act_fn", None)
+    if act is not None:  # gelu_new is the tanh approximation, transformers' gelu_pytorch_tanh
+        hf["hidden_activation" if arch == "gemma3" else "hidden_act"] = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
+    if arch == "gemma3":
+        local, kinds = o.pop("use_local_attn", False), o.pop("attn_types", None)
+        kinds = kinds if local and kinds else ["global"] * n_layers
+        hf["layer_types"] = [{"local": "sliding_attention", "global": "full_attention"}[k] for k in kinds]
+        hf["query_pre_attn_scalar"] = d_head
+        if "window_size" in o:
+            hf["sliding_window"] = o.pop("window_size")
+        if "rotary_base_local" in o:
+            hf["rope_local_base_freq"] = o.pop("rotary_base_local")
+    if "output_logits_soft_cap" in o and arch == "gemma3":
+        hf["final_logit_softcapping"] = o.pop("output_logits_soft_cap")
+    if o:
+        pytest.skip(f"the tiny TransformerBridge does not map {', '.join(sorted(o))}")
+    if arch == "gpt_neox":  # one key/value head per head, d_model / n_heads wide
+        hf.pop("num_key_value_heads", None), hf.pop("head_dim", None)
+    else:  # zero attention biases, as HookedTransformer has (b_Q, b_K, b_V, b_O)
+        hf.setdefault("attention_bias", True)
+    tok = char_tokenizer()
+    model = tiny_hf(arch, tok, seed, **hf).to(dtype)
+    bridge = bridge_from_hf(model, tok, dtype=dtype)
+    # the boot gave the char tokenizer a BOS beyond the vocabulary; strings are encoded as they are, as tiny()'s are
+    bridge.cfg.default_prepend_bos = False
+    return register(bridge, f"tiny-{n_layers}x{hf.get('num_attention_heads', 4)}")
