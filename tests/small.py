@@ -72,6 +72,39 @@ def write_task_dir(root: Path, names=("upper", "lower"), seed: int = 0) -> Path:
     return root
 
 
+def check_row(model, method, task, row: dict, n: int, max_new_tokens: int) -> list[str]:
+    """Assert that ``score_method``'s row for a fitted method on the first ``n`` test items is what greedy
+    generation under the method's own hooks and prompts gives: its predictions those outputs, its matches
+    theirs, its first-token accuracy the first step's argmax against the answers' first token (with the char
+    tokenizer, the space before the answer). Returns the outputs."""
+    import pytest
+    import torch
+
+    from site_lens.engine.generate import generate_greedy
+    from site_lens.metrics import exact_match, strict_match
+    from site_lens.tokens import encode
+
+    prompts = method.prompts(task, task.test[:n], 0)
+    with model.hooks(fwd_hooks=method.persistent_hooks(model)), torch.inference_mode():
+        ids, first = generate_greedy(
+            model,
+            encode(model, [p for p, _ in prompts]),
+            max_new_tokens=max_new_tokens,
+            prefill_hooks=method.prefill_hooks(model),
+        )
+    outputs, answers = [model.tokenizer.decode(g) for g in ids], [y for _, y in task.test[:n]]
+    name, cs = method.name, bool(task.case_sensitive)
+    assert row["n_test"] == n, name
+    assert [p["output"] for p in row["predictions"]] == outputs, name
+    assert [a for _, a in prompts] == answers, name
+    space = model.tokenizer.convert_tokens_to_ids(" ")
+    assert row["first_token_acc"] == pytest.approx(float((first.argmax(-1) == space).float().mean())), name
+    exact = sum(exact_match(o, a, cs) for o, a in zip(outputs, answers)) / n
+    strict = sum(strict_match(o, a, cs) for o, a in zip(outputs, answers)) / n
+    assert (row["exact_match"], row["strict_match"]) == pytest.approx((exact, strict)), name
+    return outputs
+
+
 def bench_cmd(data: Path, out: Path) -> list[str]:
     """The CLI's bench on the tiny model (tests/bench_entry.py): four methods, one seed, two test items."""
     import sys

@@ -1,8 +1,10 @@
 """Each baseline: what its hooks touch, that fitting lowers its loss, its parameter count."""
 
+import copy
+
 import pytest
 import torch
-from small import SMALL_EMBEDDING, small_methods, write_task_dir
+from small import SMALL_EMBEDDING, check_row, small_methods, write_task_dir
 
 from site_lens.config import EvalConfig
 from site_lens.engine.backend import last_logits, use_backend
@@ -226,9 +228,85 @@ def test_fv_and_tv_layer_losses_packed_equal_hooked(fitted, model, task):
 
 
 def test_score_method_rows(model, task, fitted):
-    for m in fitted.values():
-        r = score_method(model, m, task, 0, EvalConfig(max_test=2, max_new_tokens=3))
-        assert r["n_test"] == 2 and 0 <= r["exact_match"] <= 1 and 0 <= r["first_token_acc"] <= 1
+    """Each method's row: the same twice, its outputs those of greedy generation under the method's own hooks
+    and prompts, its scores those outputs' (first-token accuracy by hand)."""
+    cfg = EvalConfig(max_test=3, max_new_tokens=3)
+    outs = set()
+    for name, m in fitted.items():
+        r = score_method(model, m, task, 0, cfg)
+        again = score_method(model, m, task, 0, cfg)
+        assert {**again, "eval_seconds": 0, "ms_per_query": 0} == {**r, "eval_seconds": 0, "ms_per_query": 0}, name
+        outs.add(tuple(check_row(model, m, task, r, 3, 3)))
+    assert len(outs) > 2  # the methods write different things, so the comparisons can tell them apart
+
+
+@pytest.mark.parametrize("forced", ["letter", "space"])
+def test_every_method_scores_a_one_token_model_as_predicted(task, forced):
+    """A model whose unembedding bias leaves one token possible writes it over and over under any method.
+    One of the test answers' letters: prefix match is the share of answers that are that letter (the
+    answers differ), first-token accuracy 0 (an answer's first token is the space before it), strict
+    match 0. The space: first-token accuracy 1, both matches 0."""
+    from helpers import tiny
+
+    torch.manual_seed(0)
+    model = tiny(n_ctx=256)
+    answers = [y for _, y in task.test]
+    token = answers[1] if forced == "letter" else " "
+    with torch.no_grad():
+        bias = torch.full((model.cfg.d_vocab_out,), -1e4)
+        bias[model.tokenizer.convert_tokens_to_ids(token)] = 0
+        model.unembed.b_U.add_(bias)
+    want = (0.0, 1 / len(answers), 0.0) if forced == "letter" else (1.0, 0.0, 0.0)
+    ctx = TaskContext(task, 0, SMALL_EMBEDDING)
+    for name in ("zero_shot", "icl", "site", "tv", "i2cl", "ia3"):  # prompts, a gate, a vector, adapters
+        m = small_methods()[name]()
+        m.fit(model, task, 0, ctx)
+        r = score_method(model, m, task, 0, EvalConfig(max_test=len(answers), max_new_tokens=3))
+        assert [p["output"] for p in r["predictions"]] == [token * 3] * len(answers), name
+        assert (r["first_token_acc"], r["exact_match"], r["strict_match"]) == pytest.approx(want), name
+
+
+TRAINED = ("site", "i2cl", "mtv", "lora", "ia3")
+
+
+def test_fitting_twice_with_one_seed_gives_the_same_method(model, task, fitted):
+    """Each trained method fitted again with the same seed: the same trainable parameters, bit for bit."""
+    ctx = TaskContext(task, 0, SMALL_EMBEDDING)
+    for name in TRAINED:
+        m = small_methods()[name]()
+        m.fit(model, task, 0, ctx)
+        assert _state(m), name
+        for a, b in zip(_state(m), _state(fitted[name]), strict=True):
+            assert torch.equal(a, b), name
+
+
+def _state(method) -> list[torch.Tensor]:
+    """What a fitted method learnt or computed, as tensors."""
+    out = [v for v in vars(method).values() if torch.is_tensor(v)]
+    for v in vars(method).values():
+        if isinstance(v, list | tuple | torch.nn.ParameterList) and len(v) and all(torch.is_tensor(x) for x in v):
+            out += list(v)
+    adapter = getattr(method, "adapter", None)
+    if adapter is not None:
+        out += [adapter.t, adapter.theta]
+    return out
+
+
+def test_site_without_its_gate_is_zero_shot(model, task, fitted):
+    """SITE's key ingredient is the gate: with every alpha 0 (theta = -inf) its row is zero-shot's; with its
+    trained gate the last-token logits move."""
+    import dataclasses
+
+    cfg = EvalConfig(max_test=5, max_new_tokens=3)
+    site = fitted["site"]
+    zero = score_method(model, fitted["zero_shot"], task, 0, cfg)
+    closed = copy.copy(site)
+    closed.adapter = dataclasses.replace(site.adapter, theta=torch.full_like(site.adapter.theta, -torch.inf))
+    shut = score_method(model, closed, task, 0, cfg)
+    for k in ("first_token_acc", "exact_match", "strict_match", "predictions"):
+        assert shut[k] == zero[k], k
+    tokens = torch.tensor([model.tokenizer("Q: b\nA:")["input_ids"]])
+    assert not torch.allclose(_all_logits(model, tokens, site)[:, -1], _all_logits(model, tokens, closed)[:, -1])
 
 
 def test_function_vector_goes_through_the_post_attention_norm():
@@ -236,6 +314,7 @@ def test_function_vector_goes_through_the_post_attention_norm():
     from helpers import tiny
 
     from site_lens.methods.fv import function_vector, mean_inv_post_scale
+    from site_lens.models.engines import norm_gain
     from site_lens.stages.embeddings import build_task_embedding
 
     torch.manual_seed(0)
@@ -250,7 +329,7 @@ def test_function_vector_goes_through_the_post_attention_norm():
         block = model.blocks[layer]
         heads = [(layer, h) for h in range(model.cfg.n_heads)]
         v = function_vector(model, mean_z, heads, inv)
-        bias_share = block.attn.b_O.detach() * block.ln1_post.w.detach() * inv[layer]
+        bias_share = block.attn.b_O.detach() * norm_gain(model, block.ln1_post).detach() * inv[layer]
         want = cache[f"blocks.{layer}.hook_attn_out"][0, -1]
         assert torch.allclose(inv[layer], 1 / cache[f"blocks.{layer}.ln1_post.hook_scale"][0, -1, 0])
         assert torch.allclose(v + bias_share, want, atol=1e-4), (v + bias_share - want).abs().max()
