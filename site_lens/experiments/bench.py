@@ -29,8 +29,10 @@ import csv
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,10 +43,11 @@ from ..locks import Locks, owner_tag, temp_is_orphan
 from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
 from ..models.engines import Model
-from ..progress import Progress
+from ..progress import Progress, write
 from ..tasks import TaskError, available_tasks, load_task  # noqa: F401 (available_tasks: also bench.available_tasks)
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 from .kept_t import ROWS_DIR, T_FILE, keep_t, kept_t, t_label, t_path  # noqa: F401 (T_FILE, t_path: also bench's)
+from .row_spec import row_spec
 from .sharding import resolve, shard, slurm_shard  # noqa: F401 (bench.resolve, bench.shard ...)
 
 log = logging.getLogger(__name__)
@@ -155,48 +158,6 @@ def _from_csv(key: str, text: str) -> Any:
     if text == "-":
         return None
     return int(text) if key in ("seed", "n_trainable", "n_test") else float(text)
-
-
-# Which settings each method's numbers depend on, beyond the model and the scoring caps
-# (batch sizes and the backend change no result and are left out).
-_EMBEDDING_USERS = {
-    "site": ("n_prompts", "n_shots"),
-    "site_seq": ("n_prompts", "n_shots"),
-    "site_opt": ("n_prompts", "n_shots"),
-    "fv": ("n_prompts", "n_shots"),
-    "tv": ("n_prompts", "n_shots"),
-    "mtv": ("n_prompts", "n_shots"),
-    "icl": ("n_shots",),
-}
-_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast", "objective")
-
-
-def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float32") -> dict[str, Any]:
-    """What a finished row of ``method`` must share with a rerun to be skipped.
-
-    Settings at their defaults are left out, so folders from before settings were recorded resume.
-    """
-    spec: dict[str, Any] = {
-        "model": model_name,
-        "max_test": cfg.eval.max_test,
-        "max_new_tokens": cfg.eval.max_new_tokens,
-    }
-    default = SiteConfig()
-    changed: dict[str, Any] = {}
-    if not cfg.eval.stop_at_newline:
-        changed["stop_at_newline"] = False
-    if dtype != "float32":
-        changed["dtype"] = dtype
-    for k in _EMBEDDING_USERS.get(method, ()):
-        if getattr(cfg.embedding, k) != getattr(default.embedding, k):
-            changed[f"embedding.{k}"] = getattr(cfg.embedding, k)
-    if method in ("site", "site_seq", "site_opt"):
-        for k in _SELECTION:
-            if getattr(cfg.selection, k) != getattr(default.selection, k):
-                changed[f"selection.{k}"] = getattr(cfg.selection, k)
-    if changed:
-        spec["settings"] = changed
-    return spec
 
 
 def is_done(path: Path, spec: dict[str, Any]) -> bool:
@@ -347,7 +308,15 @@ def _site_together(
             return
         progress.start(f"site seed {seed}: {len(mine)} tasks in one loop, {mine[0]} ... {mine[-1]}")
         tasks = [load_task(n, data_dir=data_dir) for n in mine]
-        fits = fit_site_many(model, tasks, dataclasses.replace(cfg, seed=seed))
+        steps = cfg.selection.steps
+
+        def said(step: int, losses: list[float]) -> None:  # a line every 50 steps: the loop runs for minutes
+            if step % 50 == 0 or step == steps:
+                live = [v for v in losses if not math.isnan(v)]
+                write(f"site seed {seed}, {len(mine)} tasks in one loop: step {step}/{steps}, "
+                      f"mean loss {sum(live) / max(1, len(live)):.3f}", sys.stderr)  # fmt: skip
+
+        fits = fit_site_many(model, tasks, dataclasses.replace(cfg, seed=seed), progress=said)
         for name, task, fit in zip(mine, tasks, fits):
             # fit_seconds: its stage 1 and its share of the shared loop
             row = scored_row(model, Site.from_fit(fit), task, seed, cfg.eval, sum(fit.seconds.values()))
