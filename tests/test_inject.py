@@ -1,3 +1,5 @@
+from functools import partial
+
 import pytest
 import torch
 from helpers import needs_hooked
@@ -23,6 +25,11 @@ def test_alpha_zero_leaves_logits_identical(model):
     assert torch.equal(base, patched)
 
 
+def _grab(seen: dict, name: str, z, hook):
+    """Keep a copy of ``z`` under the z hook's own name (a bridge's hook reports the point hook_z aliases)."""
+    seen[name] = z.detach().clone()
+
+
 def test_alpha_one_replaces_z_at_last_token_only(model):
     tokens = torch.tensor([encode(model, ["Q: dog\nA:"])[0]])
     t = _t(model)
@@ -30,10 +37,7 @@ def test_alpha_one_replaces_z_at_last_token_only(model):
     _, clean = model.run_with_cache(tokens, names_filter=z_names(model))
     seen = {}
 
-    def grab(z, hook):
-        seen[hook.name] = z.detach().clone()
-
-    hooks = injection_hooks(model, t, alpha, -1) + [(n, grab) for n in z_names(model)]
+    hooks = injection_hooks(model, t, alpha, -1) + [(n, partial(_grab, seen, n)) for n in z_names(model)]
     with model.hooks(fwd_hooks=hooks):
         model(tokens)
     for layer, name in enumerate(z_names(model)):
@@ -53,10 +57,8 @@ def test_padded_batch_changes_only_each_rows_last_token(model):
     _, clean = model.run_with_cache(tokens, names_filter=z_names(model))
     seen = {}
 
-    def grab(z, hook):
-        seen[hook.name] = z.detach().clone()
-
-    with model.hooks(fwd_hooks=injection_hooks(model, t, alpha, last) + [(n, grab) for n in z_names(model)]):
+    grabs = [(n, partial(_grab, seen, n)) for n in z_names(model)]
+    with model.hooks(fwd_hooks=injection_hooks(model, t, alpha, last) + grabs):
         model(tokens)
     name = z_names(model)[0]
     diff = (seen[name] - clean[name]).abs().sum(dim=(-1, -2))  # (batch, pos)
@@ -247,7 +249,8 @@ def test_generation_under_gates_is_the_same_on_either_backend(model):
 
     prompts = encode(model, ["Q: sun\nA:", "Q: moonlight\nA:", "Q: x\nA:", "Q: a longer one\nA:"])
     t = _t(model) * 3
-    alphas = [torch.rand(model.cfg.n_layers, model.cfg.n_heads), torch.ones(model.cfg.n_layers, model.cfg.n_heads)]
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    alphas = [torch.rand(shape) * (torch.rand(shape) > 0.5), torch.ones(shape)]  # a partial gate, half the heads off
 
     def settled(i, toks):
         return len(toks) >= i + 1
@@ -256,7 +259,7 @@ def test_generation_under_gates_is_the_same_on_either_backend(model):
     for kind in ("packed", "hooked"):
         use_backend(model, kind)
         try:
-            assert backend_for(model).name == kind
+            assert backend_for(model).name == backend_for(model, kind).name  # hooked: the engine's reference
             runs[kind] = [
                 list(generate_under_gates(model, prompts, t, alphas, max_new_tokens=6, finished=f))
                 for f in (None, settled)
