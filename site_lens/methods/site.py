@@ -129,8 +129,9 @@ def fit_site_many(
     Stage 1 runs per task. Stage 2 (``selection_batched.BatchedAlphaTrainer``) trains each task's
     own theta on its own schedule, its rows beside the other tasks' in each step's one batch: each
     task's theta, history and best step are those ``fit_site(model, task, cfg)`` gives (fast path,
-    first-token objective), at a fraction of the time. ``seconds['selection']`` is each task's
-    share of the shared loop; ``progress(step, losses)`` gets every task's loss.
+    first-token objective, to float tolerance); each step reads the weights once for every task.
+    ``seconds['selection']`` is each task's share of the shared loop; ``progress(step, losses)``
+    gets every task's loss.
 
     Example:
         >>> import site_lens as sl

@@ -9,8 +9,9 @@ task k's gradient is its own loss's. ``training.train_loop_many`` does one Adam 
 stacked theta (n independent Adams), validates, keeps each task's best and stops a task
 alone at a non-finite loss. Memory: the training prompts' prefixes are cached ``cache_steps``
 steps ahead (not the whole schedule's, which for 45 tasks would not fit), and a forward takes
-at most ``max_rows`` prompts, shortest first (validation's many prompts go in several). Per task the numbers are the single-task fit's (tests hold it to
-that step by step); a step costs about one batch-1 step's weight reads instead of n.
+at most ``max_rows`` prompts, shortest first (validation's many prompts go in several). Per
+task the numbers are the single-task fit's to float tolerance (tests hold it to that step by
+step); a step reads the weights once for n tasks instead of n times.
 
     trainer = BatchedAlphaTrainer(model, [t_a, t_b], cfg, seed=0)
     histories = trainer.fit([train_a, train_b], [valid_a, valid_b])
