@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_hooked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -241,6 +242,7 @@ def _load(entry, digest="f" * 64):
     return weight_cache.load(entry, digest, "cpu", torch.float32)
 
 
+@needs_hooked("the weight cache holds HookedTransformer state dicts")
 def test_cache_round_trip_is_exact(model, cache_entry):
     loaded = _load(cache_entry)
     assert loaded is not None

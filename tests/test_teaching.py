@@ -129,6 +129,10 @@ def test_committed_notebook_has_skeletons_and_static_outputs(nb):
 
 @pytest.mark.parametrize("name", teaching.EXERCISES)
 def test_solution_passes_its_check(name, model, tiny_setup, solutions, monkeypatch, capsys):
+    from site_lens.models.engines import is_bridge
+
+    if name == "generate_with_injection" and is_bridge(model):
+        pytest.skip("the solution decodes against HookedTransformer's KV cache (TransformerLens 3.x)")
     monkeypatch.setenv(teaching.STRICT_ENV, "1")
     assert run_check(name, getattr(solutions, name), model, tiny_setup) is True
     assert capsys.readouterr().out.startswith(f"PASS {name}:")
