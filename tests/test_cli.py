@@ -2,7 +2,6 @@ import json
 
 import pytest
 import torch
-from helpers import needs_hooked
 
 from site_lens.cli import main
 
@@ -325,7 +324,6 @@ def test_bench_methods_list_prints_each_method_and_loads_no_model(monkeypatch, c
     assert any(line.startswith("site_seq") and "answer-sequence" in line for line in lines)
 
 
-@needs_hooked("the tiny model")
 def test_bench_without_out_writes_under_runs_in_the_cwd_and_resumes(tmp_path, monkeypatch, capsys):
     from helpers import tiny
 
