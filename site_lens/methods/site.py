@@ -101,9 +101,17 @@ def fit_site(
     gate = trainer.fit(train, valid, progress=progress)
     seconds["selection"] = time.perf_counter() - t0
     backend = describe(trainer.backend_used)
-    adapter = Adapter(
+    adapter = _adapter(model, task, cfg, t, gate.theta.detach(), trainer.history, backend)
+    return SiteFit(adapter, trainer.history, seconds, backend)
+
+
+def _adapter(
+    model: Model, task: Task, cfg: SiteConfig, t, theta, history: TrainHistory, backend: dict, **meta
+) -> Adapter:
+    """A fitted task's adapter: t and theta, the model's identity, and what the fit used and recorded."""
+    return Adapter(
         t=t.detach().float().cpu(),
-        theta=gate.theta.detach().float().cpu(),
+        theta=theta.float().cpu(),
         model=model_identity(model),
         meta={
             "task": task.name,
@@ -111,11 +119,11 @@ def fit_site(
             "seed": cfg.seed,
             "embedding": cfg.embedding.to_dict(),
             "selection": cfg.selection.to_dict(),
-            "history": trainer.history.to_dict(),
+            "history": history.to_dict(),
             "backend": backend,
+            **meta,
         },
     )
-    return SiteFit(adapter, trainer.history, seconds, backend)
 
 
 def fit_site_many(
@@ -159,21 +167,8 @@ def fit_site_many(
     backend = describe(trainer.backend_used)
     fits = []
     for task, t, theta, hist, seconds in zip(tasks, ts, trainer.theta.detach(), histories, embed_seconds):
-        adapter = Adapter(
-            t=t.detach().float().cpu(),
-            theta=theta.float().cpu(),
-            model=model_identity(model),
-            meta={
-                "task": task.name,
-                "task_source": task.source,
-                "seed": cfg.seed,
-                "embedding": cfg.embedding.to_dict(),
-                "selection": cfg.selection.to_dict(),
-                "history": hist.to_dict(),
-                "backend": backend,
-                "trained_with": [other.name for other in tasks],  # the tasks whose stage 2 shared one loop
-            },
-        )
+        # trained_with: the tasks whose stage 2 shared one loop
+        adapter = _adapter(model, task, cfg, t, theta, hist, backend, trained_with=[o.name for o in tasks])
         fits.append(SiteFit(adapter, hist, {"embedding": seconds, "selection": share}, backend))
     return fits
 
