@@ -127,10 +127,6 @@ def test_python_blocks_run(code, tmp_path, monkeypatch):
     if "needs the Hugging Face hub" in first or "needs a data folder" in first:
         compile(code, "<doc>", "exec")
         return
-    from site_lens.models.engines import HOOKED
-
-    if HOOKED is None and "tiny_model(" in code:
-        pytest.skip("the block builds a tiny HookedTransformer (TransformerLens 3.x)")
     exec(compile(code, "<doc>", "exec"), {"__name__": "__doc_block__"})  # noqa: S102 (the documented code is the test)
 
 

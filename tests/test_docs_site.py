@@ -47,13 +47,9 @@ def test_every_public_name_has_an_example(name):
 def test_docstring_examples_run(name, tmp_path, monkeypatch):
     import tempfile
 
-    from site_lens.models.engines import HOOKED
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' mkdtemp folders go with the test
 
     tests = _examples(name)
-    if HOOKED is None and any("tiny_model(" in e.source for t in tests for e in t.examples):
-        pytest.skip("the example builds a tiny HookedTransformer (TransformerLens 3.x)")
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for t in tests:
         runner.run(t)

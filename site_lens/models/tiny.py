@@ -48,19 +48,78 @@ def byte_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>")
 
 
+# HookedTransformerConfig fields the tiny TransformerBridge maps onto its transformers config
+_HF_FIELDS = {
+    "n_layers": "num_hidden_layers",
+    "d_model": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "d_head": "head_dim",
+    "d_mlp": "intermediate_size",
+    "n_ctx": "max_position_embeddings",
+    "n_key_value_heads": "num_key_value_heads",
+}
+
+
+def vocab_tokenizer(size: int) -> Any:
+    """A character-level tokenizer of exactly ``size`` ids (``<pad>``, then printable characters; others map to
+    ``<pad>``), built offline: the tokenizer a tokenizer-less tiny TransformerBridge boots with."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = (["<pad>"] + list(string.printable))[:size]
+    if len(chars) < size:
+        raise ValueError(f"vocab_tokenizer has at most {len(string.printable) + 1} ids, not {size}")
+    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+
+
+def _tiny_bridge(tokenizer: Any, overrides: dict[str, Any]) -> Model:
+    """``tiny_model``'s TransformerBridge: a tiny random Llama of the shape ``build_cfg`` gives, with its defaults."""
+    from .bridge import bridge_from_hf, tiny_hf
+    from .engines import ModelError
+
+    o = dict(overrides)
+    seed = o.pop("seed", 0)
+    vocab = o.pop("d_vocab", None if tokenizer is not None else 50)
+    hf = {_HF_FIELDS[k]: o.pop(k) for k in list(o) if k in _HF_FIELDS}
+    if o:
+        raise ModelError(f"tiny_model on TransformerLens 4 (a TransformerBridge) cannot set {', '.join(sorted(o))}")
+    if tokenizer is None:
+        tokenizer = vocab_tokenizer(vocab)
+    elif vocab is not None and vocab != len(tokenizer.get_vocab()):
+        raise ModelError(f"tiny_model: d_vocab={vocab} but the tokenizer has {len(tokenizer.get_vocab())} ids")
+    d_model = hf.setdefault("hidden_size", 32)
+    hf.setdefault("max_position_embeddings", 64)
+    hf.setdefault("attention_bias", True)  # zero biases, as HookedTransformer's b_Q, b_K, b_V, b_O
+    hf.setdefault("initializer_range", 0.8 / d_model**0.5)  # HookedTransformer's init scale, not transformers' 0.02
+    model = tiny_hf("llama", tokenizer, seed, **hf)
+    bridge = bridge_from_hf(model, tokenizer)
+    bridge.cfg.default_prepend_bos = False  # strings encoded as they are, as the HookedTransformer's are
+    return register(bridge, f"tiny-{model.config.num_hidden_layers}x{model.config.num_attention_heads}")
+
+
 def tiny_model(tokenizer: Any = None, **overrides: Any) -> Model:
-    """A tiny random HookedTransformer (frozen, unprocessed), optionally with a tokenizer (``"bytes"``: a
-    byte-level one, ``byte_tokenizer``, with the vocabulary and context it needs); TransformerLens 3.x only
-    (4.0 removed HookedTransformer).
+    """A tiny random model (frozen, unprocessed), optionally with a tokenizer (``"bytes"``: a byte-level one,
+    ``byte_tokenizer``, with the vocabulary and context it needs): a HookedTransformer on TransformerLens 3.x, a
+    TransformerBridge around a tiny Llama of the same shape on 4.x (which removed HookedTransformer), where only
+    the shape (layers, widths, heads, vocabulary, context) and the seed can be overridden.
 
     Example:
         >>> model = tiny_model()
         >>> model.cfg.n_layers, model.cfg.n_heads
         (2, 4)
     """
+    from .engines import HOOKED
+
     if isinstance(tokenizer, str) and tokenizer == "bytes":  # text tasks on a tiny model, no download
         tokenizer = byte_tokenizer()
         overrides = {"d_vocab": len(tokenizer), "n_ctx": 256, **overrides}
+    if HOOKED is None:
+        return _tiny_bridge(tokenizer, overrides)
     cfg = build_cfg(**overrides)
     model = finalize(new_hooked(cfg, tokenizer))
     return register(model, f"tiny-{cfg.n_layers}x{cfg.n_heads}", processing=PROCESSING_FLAGS)
