@@ -1,24 +1,22 @@
-"""SITE adapters on plain Hugging Face models agree with the TransformerLens path."""
+"""SITE adapters on plain Hugging Face models agree with the TransformerLens path: a HookedTransformer converted
+from the same weights on TransformerLens 3.x, a TransformerBridge around a copy of them on 4.x."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
 import torch
-from helpers import (
-    char_tokenizer,
-    needs_hooked,
-)
+from helpers import char_tokenizer
 
 from site_lens.adapter import Adapter, AdapterError
 from site_lens.engine.generate import generate_greedy
 from site_lens.gate import injection_hooks
 from site_lens.models import hf, model_identity
-from site_lens.models.convert import ModelError, hooked_from_hf
+from site_lens.models.convert import ModelError
+from site_lens.models.engines import HOOKED
 from site_lens.tokens import encode, generation_stop_ids
-
-pytestmark = needs_hooked("plain transformers is compared with its conversion")
 
 
 def _tiny_hf(seed: int = 0, layers: int = 3):
@@ -55,10 +53,24 @@ def _adapter(tl, seed: int = 0) -> Adapter:
 PROMPTS = ["Q: cold\nA:", "Q: a\nA:", "Q: bright river\nA:", "Q: 42\nA:", "Q: x y z w\nA:"]
 
 
+def _transformer_lens(model, tok):
+    """The TransformerLens engine of these weights: HookedTransformer's conversion, or (TransformerLens 4) a
+    TransformerBridge around a copy, so hooks that ``hf.inject`` puts on ``model`` never reach it."""
+    if HOOKED is not None:
+        from site_lens.models.convert import hooked_from_hf
+
+        return hooked_from_hf(model, tok)
+    from site_lens.models.bridge import bridge_from_hf
+
+    bridge = bridge_from_hf(copy.deepcopy(model), char_tokenizer())
+    bridge.cfg.default_prepend_bos = False  # the character tokenizer has no BOS: strings encoded as they are
+    return bridge
+
+
 @pytest.fixture(scope="module")
 def pair():
     model, tok = _tiny_hf()
-    return model, tok, hooked_from_hf(model, tok)
+    return model, tok, _transformer_lens(model, tok)
 
 
 def _tl_logits(tl, ids, adapter):
