@@ -32,6 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .categories import ABSTRACTIVE, EXTRACTIVE, category, fv_hint  # noqa: F401 (tasks.category: the usual path)
+
 Pair = tuple[str, str]  # (input, output); an item may also list "options" and "answers" (``Choice``)
 SPLITS = ("train", "valid", "test")
 SPLIT_FRACTIONS = (0.70, 0.09, 0.21)  # the published FV splits' proportions
@@ -102,13 +104,15 @@ def detect_case_sensitive(pairs: Sequence[Pair]) -> bool:
 
 def _parse_pairs(raw: Any, where: str) -> list[Pair]:
     if not isinstance(raw, list):
-        raise TaskError(f"{where}: expected a JSON list of {{\"input\", \"output\"}} objects, got {type(raw).__name__}")
+        raise TaskError(f'{where}: expected a JSON list of {{"input", "output"}} objects, got {type(raw).__name__}')
     if not raw:
         raise TaskError(f"{where}: the list of examples is empty")
     pairs: list[Pair] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
-            raise TaskError(f"{where}: item {i} is a {type(item).__name__}, expected an object with keys 'input' and 'output'")
+            raise TaskError(
+                f"{where}: item {i} is a {type(item).__name__}, expected an object with keys 'input' and 'output'"
+            )
         missing = [k for k in ("input", "output") if k not in item]
         if missing:
             raise TaskError(f"{where}: item {i} lacks key(s) {missing} (has {sorted(item)})")
@@ -125,7 +129,9 @@ def _parse_pairs(raw: Any, where: str) -> list[Pair]:
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate ("\ud800"): no tokenizer can encode it
-                raise TaskError(f"{where}: item {i} '{k}' is not valid Unicode ({e.reason} at character {e.start})") from None
+                raise TaskError(
+                    f"{where}: item {i} '{k}' is not valid Unicode ({e.reason} at character {e.start})"
+                ) from None
             vals.append(s)
         if "\n" in vals[1]:
             raise TaskError(f"{where}: item {i} 'output' contains a newline (answers are scored on one line)")
@@ -282,72 +288,9 @@ def load_task(name_or_path: str | Path, data_dir: str | Path | None = None) -> T
         return task
     if str(name_or_path) in ABSTRACTIVE | EXTRACTIVE:
         raise TaskError(fv_hint(str(name_or_path)))
-    raise TaskError(f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_tasks())}; or pass --data DIR or a path")
-
-
-# The FV suite's categories (Todd et al., 2024): abstractive tasks generate, extractive ones pick from the input.
-# A task's own meta.json ("category") overrides them.
-ABSTRACTIVE = frozenset(
-    [
-        "antonym",
-        "capitalize",
-        "capitalize_first_letter",
-        "capitalize_second_letter",
-        "commonsense_qa",
-        "country-capital",
-        "english-french",
-        "english-spanish",
-        "lowercase_first_letter",
-        "national_parks",
-        "next_capital_letter",
-        "park-country",
-        "person-occupation",
-        "person-sport",
-        "present-past",
-        "prev_item",
-        "sentiment",
-        "singular-plural",
-        "word_length",
-        "ag_news",
-    ]
-)
-EXTRACTIVE = frozenset(
-    [
-        f"{s}_{n}"
-        for s in (
-            "adjective_v_verb",
-            "alphabetically_first",
-            "alphabetically_last",
-            "animal_v_object",
-            "choose_first_of",
-            "choose_last_of",
-            "color_v_animal",
-            "concept_v_object",
-            "object_v_concept",
-            "verb_v_adjective",
-        )
-        for n in (3, 5)
-    ]
-    + ["choose_middle_of_3", "fruit_v_animal_3", "conll2003_location", "conll2003_person", "squad_val"]
-)
-
-
-def fv_hint(name: str) -> str:
-    """The one-line message for an FV task name asked for without a data folder: where to get the tasks."""
-    return (
-        f"'{name}' is a function-vector task, not built in: get the {len(ABSTRACTIVE | EXTRACTIVE)} FV tasks with "
-        f"`site-lens data fv --out data/fv`, then load_task('{name}', data_dir='data/fv') (CLI: --data data/fv)"
+    raise TaskError(
+        f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_tasks())}; or pass --data DIR or a path"
     )
-
-
-def category(task: Task | str) -> str:
-    """A task's category: its metadata's, else 'abstractive' / 'extractive' from the FV suite's lists, else 'other'."""
-    if isinstance(task, Task):
-        own = task.meta.get("category")
-        if own:
-            return str(own)
-        task = task.name
-    return "abstractive" if task in ABSTRACTIVE else "extractive" if task in EXTRACTIVE else "other"
 
 
 # ---------------------------------------------------------------- prompts
