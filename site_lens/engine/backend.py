@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -75,7 +77,7 @@ PROBE_TOL = 1e-4  # probe check: max |packed - hooked| logit over max |logit|, p
 
 
 def _hooks_attached(model: Model) -> bool:
-    points = bridge_points(model) if is_bridge(model) else model.hook_dict  # a bridge rebuilds hook_dict per call
+    points = _engine(model).hook_points(model)
     return any(hp._forward_hooks or hp._backward_hooks for hp in points.values())
 
 
@@ -105,12 +107,7 @@ class PackedBackend:
     def runner(self) -> LastToken:
         """The packed weights, packed on first use."""
         if self._runner is None:
-            if is_bridge(self.model):
-                from .bridge_pack import BridgePack
-
-                self._runner = BridgePack(self.model)  # the same engine, packed from the transformers weights
-            else:
-                self._runner = LastToken(self.model)
+            self._runner = _engine(self.model).pack(self.model)
         return self._runner
 
     def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
@@ -130,12 +127,7 @@ class PackedBackend:
     ) -> tuple[Tensor, Decoder | None]:
         """(logits at each row's last prompt token, a decoder for the ``max_new - 1`` steps after it): the hooked
         prefill, packed decode steps taking over its cache (a bridge prefills and decodes against its own)."""
-        if is_bridge(self.model):
-            return BridgeBackend(self.model).prefill(tokens, mask, last, hooks, max_new)
-        logits, cache = hooked_prefill(self.model, tokens, mask, last, hooks)
-        if max_new <= 1:
-            return logits, None
-        return logits, PackedDecoder(self.runner, self.runner.decode_cache(cache, mask, max_new), mask.shape[0])
+        return _engine(self.model).prefill(self, tokens, mask, last, hooks, max_new)
 
 
 class PackedDecoder:
@@ -159,6 +151,77 @@ class PackedDecoder:
 Backend = HookedBackend | PackedBackend | BridgeBackend
 
 Decoder = HookedDecoder | PackedDecoder | BridgeDecoder
+
+
+# ---------------------------------------------------------------- the model class, asked once
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """What the seam needs from a model class (HookedTransformer or TransformerBridge), so that it asks which one
+    it has in one place (``_engine``) and nowhere else."""
+
+    reference: type  # the backend every hook fires on
+    reference_name: str  # what the probe compares the packed weights with
+    hook_points: Callable[[Any], dict]  # name -> HookPoint
+    blocker: Callable[[Any], str | None]  # why the packed weights cannot run the model
+    pack: Callable[[Any], LastToken]  # the packed weights
+    prefill: Callable[..., tuple[Tensor, Any]]  # PackedBackend.prefill
+    pack_errors_fall_back: bool  # a packing error on the probe selects the reference (else it is raised)
+
+
+def _hooked_blocker(model: Model) -> str | None:
+    arch = model.cfg.original_architecture
+    if arch not in PACKED_ARCHITECTURES:
+        return (
+            f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
+        )
+    return unsupported(model)
+
+
+def _hooked_packed_prefill(backend: PackedBackend, tokens, mask, last, hooks, max_new):
+    """The hooked prefill; packed decode steps take over its cache."""
+    logits, cache = hooked_prefill(backend.model, tokens, mask, last, hooks)
+    if max_new <= 1:
+        return logits, None
+    runner = backend.runner
+    return logits, PackedDecoder(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
+
+
+def _bridge_blocker(model: Model) -> str | None:
+    from .bridge_pack import bridge_unsupported
+
+    return bridge_unsupported(model)
+
+
+def _bridge_pack(model: Model) -> LastToken:
+    from .bridge_pack import BridgePack
+
+    return BridgePack(model)  # the same engine, packed from the transformers weights
+
+
+def _bridge_packed_prefill(backend: PackedBackend, tokens, mask, last, hooks, max_new):
+    """A bridge prefills and decodes against its own cache."""
+    return BridgeBackend(backend.model).prefill(tokens, mask, last, hooks, max_new)
+
+
+_HOOKED_ENGINE = _Engine(
+    HookedBackend, "the hooked model", lambda m: m.hook_dict, _hooked_blocker, LastToken, _hooked_packed_prefill, False
+)
+_BRIDGE_ENGINE = _Engine(  # a bridge rebuilds hook_dict per call: its points are read from the modules
+    BridgeBackend,
+    "the bridge's own forward",
+    bridge_points,
+    _bridge_blocker,
+    _bridge_pack,
+    _bridge_packed_prefill,
+    True,
+)
+
+
+def _engine(model: Model) -> _Engine:
+    """The one place the seam asks which model class it has."""
+    return _BRIDGE_ENGINE if is_bridge(model) else _HOOKED_ENGINE
 
 
 # ---------------------------------------------------------------- choosing, once per model
@@ -186,16 +249,7 @@ def use_backend(model: Model, kind: str = "auto") -> None:
 
 def packed_blocker(model: Model) -> str | None:
     """Why the packed backend cannot run this model (None when it can, before the probe check)."""
-    if is_bridge(model):
-        from .bridge_pack import bridge_unsupported
-
-        return bridge_unsupported(model)
-    arch = model.cfg.original_architecture
-    if arch not in PACKED_ARCHITECTURES:
-        return (
-            f"architecture {arch} is not one the packed path is tested on ({', '.join(sorted(PACKED_ARCHITECTURES))})"
-        )
-    return unsupported(model)
+    return _engine(model).blocker(model)
 
 
 def probe_check(model: Model, packed: PackedBackend) -> float:
@@ -206,7 +260,7 @@ def probe_check(model: Model, packed: PackedBackend) -> float:
     n = min(8, c.n_ctx)
     tokens = torch.randint(0, c.d_vocab, (1, n), generator=gen).to(c.device)
     alpha = torch.rand(c.n_layers, c.n_heads, generator=gen).to(device=c.device, dtype=c.dtype)
-    hooked = BridgeBackend(model) if is_bridge(model) else HookedBackend(model)
+    hooked = _engine(model).reference(model)
     with torch.no_grad():
         prefix = hooked.prefix(tokens[:, :-1])
         scale = prefix.values[0].abs().mean().clamp(min=1e-3)  # t on the scale of real head outputs
@@ -235,7 +289,8 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
         from ..config import ConfigError
 
         raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
-    reference = BridgeBackend if is_bridge(model) else HookedBackend  # every hook fires on it
+    engine = _engine(model)
+    reference = engine.reference  # every hook fires on it
     if kind == "hooked":
         return reference(model, "asked for")
     if _hooks_attached(model):  # the packed path would skip them, even when asked for
@@ -251,13 +306,14 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
             try:
                 err = probe_check(model, packed)
             except (KeyError, RuntimeError, ValueError, AttributeError) as e:  # a variant the packing does not know
-                if not is_bridge(model):
+                if not engine.pack_errors_fall_back:
                     raise
                 err = float("inf")
                 log.warning("bridge: the packed engine cannot pack this model (%s: %s)", type(e).__name__, e)
             if err <= PROBE_TOL:
-                ref = "the bridge's own forward" if is_bridge(model) else "the hooked model"
-                packed.reason = f"{architecture(model)}, agrees with {ref} to {err:.1e} on a probe prompt"
+                packed.reason = (
+                    f"{architecture(model)}, agrees with {engine.reference_name} to {err:.1e} on a probe prompt"
+                )
                 choice.packed = packed
             else:
                 choice.why_not = f"packed weights differ from the reference backend by {err:.1e} on a probe prompt"
