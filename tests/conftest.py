@@ -28,23 +28,22 @@ def model():
     return tiny()
 
 
-def _hooked_embedded(name: str):
+def _embedded(name: str):
+    """The embedded model on the installed TransformerLens's default engine: HookedTransformer on 3.x, the
+    TransformerBridge on 4.x."""
     from site_lens import load_model
-    from site_lens.models.engines import HOOKED
 
-    if HOOKED is None:
-        pytest.skip("pins the HookedTransformer engine's numbers on the embedded model (TransformerLens 3.x)")
-    return load_model(name, engine="hooked")
+    return load_model(name)
 
 
 @pytest.fixture(scope="session")
 def smollm():
-    return _hooked_embedded("smollm2-135m")
+    return _embedded("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
 def gemma():
-    return _hooked_embedded("gemma-3-270m")
+    return _embedded("gemma-3-270m")
 
 
 @pytest.fixture
