@@ -5,7 +5,7 @@ otherwise), or with ``--adapters`` the dense SITE t of a ``site-lens sparsify`` 
 log-probability of the answer's first token of writing t into it, estimated
 (``analysis.attribution.attribution_scores``) and measured (``exact_head_effects``), with the
 Spearman and Pearson correlations between the two over all heads. FV's causal indirect effect
-(``stages.cie.causal_indirect_effect``) on as many shuffled-label prompts (``--items``, FV's
+(``analysis.cie.causal_indirect_effect``) on as many shuffled-label prompts (``--items``, FV's
 N shots) is run too, and its Spearman correlation with both.
 
 Times, side by side in one process (one untimed warm-up of each, then ``--repeats`` rounds,
@@ -34,7 +34,7 @@ import torch
 
 import site_lens as sl
 from site_lens.analysis.attribution import attribution_scores, exact_head_effects, zero_shot_examples
-from site_lens.stages.cie import causal_indirect_effect, shuffled_label_prompts
+from site_lens.analysis.cie import causal_indirect_effect, shuffled_label_prompts
 from site_lens.stages.embeddings import task_embedding
 from site_lens.stats import pearson, spearman, top_k_mask
 from site_lens.tokens import encode

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from site_lens.adapter import write_text_atomic
 from site_lens.analysis.plots.claims import method_intervals_figure
 from site_lens.analysis.plots.theme import save_figure
 from site_lens.experiments.bench import write_summary
 from site_lens.experiments.seed_report import markdown, method_intervals, paired_differences, read_rows, seed_spread
+from site_lens.files import write_text_atomic
 
 METHODS = ["zero_shot", "icl", "site", "i2cl"]
 NAMES = {"smollm2-135m": "SmolLM2-135M", "gemma-3-270m": "Gemma 3 270M"}

@@ -15,8 +15,8 @@ import argparse
 import csv
 from pathlib import Path
 
-from site_lens.adapter import write_text_atomic
 from site_lens.experiments import bench_report
+from site_lens.files import write_text_atomic
 
 NUMERIC = ("first_token_acc", "exact_match", "strict_match", "fit_seconds", "ms_per_query")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from torch import Tensor
 
 from .files import plain_modes
 from .gate import GateSpec, Hooks, injection_hooks
-from .locks import owner_tag
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -35,33 +33,6 @@ READS = (FORMAT, FORMAT_SIGMOID)
 # identity keys an adapter must share with the model it is loaded onto; then its name, and the
 # source digest (GGUF file) where both record one, else the weights digest (``identity.weights_digest``)
 MATCH_KEYS = ("architecture", "n_layers", "n_heads", "d_head", "d_model", "d_vocab", "processing")
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path`` (named for this host and pid), fsync, then rename it into place."""
-    write_bytes_atomic(path, text.encode())
-
-
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """``write_text_atomic`` for bytes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions, as open() gives
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + fsync + rename): never half-written."""
-    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 class AdapterError(ValueError):

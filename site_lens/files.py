@@ -1,4 +1,5 @@
-"""File permissions: what site-lens writes ends with the modes a plain ``open()`` / ``mkdir()`` gives.
+"""Writing files: whole or not at all (``write_*_atomic``, ``save_tensors``), with the modes a plain ``open()`` /
+``mkdir()`` gives.
 
 Some writers create private files: ``tempfile.mkdtemp`` makes a 0700 folder, and safetensors'
 ``save_file`` / ``save_model`` write a 0600 file (through a temporary name of their own). A
@@ -10,9 +11,14 @@ or an output folder from the group and others that the user's umask lets read it
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import stat
 from pathlib import Path
+from typing import Any
+
+from .locks import owner_tag
 
 
 def umask() -> int:
@@ -74,3 +80,30 @@ def save_tensors(path: str | Path, tensors: dict) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temp file beside ``path`` (named for this host and pid), fsync, then rename it into place."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """``write_text_atomic`` for bytes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions, as open() gives
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + fsync + rename): never half-written."""
+    write_text_atomic(path, json.dumps(obj, indent=1))

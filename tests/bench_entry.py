@@ -31,8 +31,8 @@ def _load_model(name, **kw):
     """``tiny``: the tiny HookedTransformer, or on TransformerLens 4 a tiny Llama bridge."""
     from helpers import char_tokenizer, tiny
 
-    from site_lens.models.bridge import tiny_bridge
     from site_lens.models.engines import HOOKED
+    from site_lens.models.tiny import tiny_bridge
 
     if name != "tiny":
         return _load(name, **kw)

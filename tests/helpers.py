@@ -83,8 +83,9 @@ def tiny_bridge_like(**overrides):
     import pytest
     import torch
 
-    from site_lens.models.bridge import bridge_from_hf, tiny_hf
+    from site_lens.models.bridge import bridge_from_hf
     from site_lens.models.identity import register
+    from site_lens.models.tiny import tiny_hf
 
     o = dict(overrides)
     dtype, seed = o.pop("dtype", torch.float32), o.pop("seed", 0)

@@ -24,8 +24,8 @@ def made(tmp_path_factory):
     from helpers import char_tokenizer
 
     from site_lens.experiments import bench
-    from site_lens.models.bridge import tiny_bridge
     from site_lens.models.engines import HOOKED
+    from site_lens.models.tiny import tiny_bridge
 
     root = tmp_path_factory.mktemp("atlas")
     data = write_task_dir(root / "data")

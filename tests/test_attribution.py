@@ -18,7 +18,8 @@ from site_lens.analysis.attribution import (
 )
 from site_lens.engine.backend import use_backend
 from site_lens.gate import z_names
-from site_lens.models.bridge import bridge_from_hf, tiny_hf
+from site_lens.models.bridge import bridge_from_hf
+from site_lens.models.tiny import tiny_hf
 from site_lens.stages.embeddings import build_task_embedding, last_token_z
 from site_lens.tasks import load_task
 from site_lens.tokens import make_examples

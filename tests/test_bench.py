@@ -126,8 +126,8 @@ def test_run_and_bench_give_the_same_rows(data, tmp_path):
 
     from site_lens.config import SelectionConfig
     from site_lens.experiments.run import RUN_METHODS, run_task
-    from site_lens.models.bridge import tiny_bridge
     from site_lens.models.engines import HOOKED
+    from site_lens.models.tiny import tiny_bridge
     from site_lens.tasks import load_task
 
     if HOOKED is None:  # TransformerLens 4: the bridge engine

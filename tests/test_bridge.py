@@ -15,8 +15,9 @@ from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteC
 from site_lens.engine.generate import generate_greedy
 from site_lens.methods.site import fit_site
 from site_lens.models import engines
-from site_lens.models.bridge import TINY_ARCHITECTURES, bridge_from_hf, tiny_bridge, tiny_hf
+from site_lens.models.bridge import bridge_from_hf
 from site_lens.models.identity import model_identity, register
+from site_lens.models.tiny import TINY_ARCHITECTURES, tiny_bridge, tiny_hf
 from site_lens.stages.embeddings import build_task_embedding
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import load_task

@@ -68,7 +68,7 @@ def test_tasks_lists_builtins(capsys):
 
 
 def test_write_json_atomic_leaves_no_temp(tmp_path):
-    from site_lens.adapter import write_json_atomic
+    from site_lens.files import write_json_atomic
 
     write_json_atomic(tmp_path / "r.json", {"a": 1})
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}

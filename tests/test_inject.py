@@ -119,8 +119,9 @@ def _float32_and_float64_twins(engine: str) -> dict:
     """The same tiny random Llama weights in float32 and float64, on ``engine``."""
     from helpers import char_tokenizer, tiny
 
-    from site_lens.models.bridge import bridge_from_hf, tiny_hf
+    from site_lens.models.bridge import bridge_from_hf
     from site_lens.models.engines import HOOKED
+    from site_lens.models.tiny import tiny_hf
 
     if engine == "bridge":
         return {d: bridge_from_hf(tiny_hf("llama", char_tokenizer()).to(d), char_tokenizer()) for d in FLOATS}

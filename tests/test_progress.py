@@ -59,8 +59,8 @@ def test_bench_logs_one_line_per_row_and_none_for_finished_rows(tmp_path, caplog
     from helpers import char_tokenizer, tiny
 
     from site_lens.experiments import bench
-    from site_lens.models.bridge import tiny_bridge
     from site_lens.models.engines import HOOKED
+    from site_lens.models.tiny import tiny_bridge
 
     data = write_task_dir(tmp_path / "data")
     kw = {

@@ -93,7 +93,7 @@ def small_model():
     from site_lens.models.engines import HOOKED
 
     if HOOKED is None:  # TransformerLens 4: the bridge engine
-        from site_lens.models.bridge import tiny_bridge
+        from site_lens.models.tiny import tiny_bridge
 
         return tiny_bridge("llama", char_tokenizer(), name="tiny", max_position_embeddings=256)
     from helpers import tiny

@@ -2,6 +2,7 @@
 
   patching    head-level patching: top-k heads by alpha against SITE's soft gate
   attribution every head's patching effect to first order, from one backward pass per batch
+  cie         the causal indirect effect of each head (Function Vectors' head ranking)
   overlap     cross-task head overlap and transfer
   sparse      sparse SITE: an L0 or L1 price on every open head
   minimal     head sets scored: accuracy against the number of heads

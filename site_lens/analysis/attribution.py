@@ -14,7 +14,7 @@ and one backward pass give every head's estimate for every prompt of a batch.
 
 Cost: one forward and one backward pass per batch of prompts, whatever the
 number of heads; measuring each head's effect (``exact_head_effects``, like
-``stages.cie``) costs one last-token run per head and prompt after each
+``analysis.cie``) costs one last-token run per head and prompt after each
 prompt's prefix. The estimate is exact where m is linear in the head's z (a
 one-layer attention-only model without a final norm, scored by the answer's
 logit); otherwise its error falls as the square of |t - z|.

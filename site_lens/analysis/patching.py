@@ -28,7 +28,7 @@ patching the reference's own head set gives 1 exactly.
 ``generic_head_patch`` is the one gate -> logits -> metric routine, the metric an
 argument; ``patch_scores``, ``patch_accuracy`` and ``site_reference`` are thin
 variants that fix the metric (or the gate), ``patch_top_k``, ``patch_bottom_k``
-and ``patch_random_k`` the ones that choose the head sets. (CIE, ``stages.cie``,
+and ``patch_random_k`` the ones that choose the head sets. (CIE, ``analysis.cie``,
 runs the other way round: one prompt's prefix against every head's gate as the
 rows of one batch.)
 """

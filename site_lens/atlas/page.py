@@ -68,7 +68,7 @@ def render(atlas: Any) -> str:
 
 def write_page(atlas: Any, path: str | Path) -> Path:
     """Write the page (through a temporary name, so a reader never sees half of it)."""
-    from ..adapter import write_text_atomic
+    from ..files import write_text_atomic
 
     path = Path(path)
     write_text_atomic(path, render(atlas))

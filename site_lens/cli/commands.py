@@ -118,8 +118,9 @@ def _check_task(task, cfg) -> None:
 
 def run_one(model, task, cfg, out: Path, load_s: float | None = None) -> dict[str, Any]:
     """Stages 1-3 and the baselines on one task; then write OUT/adapter/ and OUT/results.json."""
-    from ..adapter import save_adapter, write_json_atomic
+    from ..adapter import save_adapter
     from ..experiments.run import run_task
+    from ..files import write_json_atomic
 
     _check_backend(model, cfg)
     print(
@@ -214,9 +215,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Apply a saved adapter to new inputs, one per line, and print or write one generation per input."""
     import torch
 
-    from ..adapter import load_adapter, write_text_atomic
+    from ..adapter import load_adapter
     from ..config import EvalConfig
     from ..experiments.run import answer_line, predict
+    from ..files import write_text_atomic
     from ..models import load_model, model_identity
     from ..tasks import TaskError, format_query
 

@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..adapter import write_json_atomic, write_text_atomic
 from ..config import ConfigError, EvalConfig, SiteConfig
+from ..files import write_json_atomic, write_text_atomic
 from ..locks import Locks, owner_tag, temp_is_orphan
 from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..adapter import write_bytes_atomic
 from ..config import EmbeddingConfig
+from ..files import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 ROWS_DIR = "rows"  # a bench folder's row files (bench.ROWS_DIR)

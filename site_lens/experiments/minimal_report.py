@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..adapter import load_adapter, write_text_atomic
+from ..adapter import load_adapter
 from ..analysis.minimal import parse_heads, seed_overlap
+from ..files import write_text_atomic
 from .sweep import minimal_folders, read_minimal
 
 

@@ -115,7 +115,7 @@ def analyse_runs(
     from ..analysis.patching import head_patching_sweep
     from ..models import model_identity
     from ..progress import Progress
-    from ..stages.cie import causal_indirect_effect
+    from ..analysis.cie import causal_indirect_effect
     from ..tasks import load_task
 
     tasks = {}
@@ -180,7 +180,7 @@ def summarise(
 
     categories = {**{r.name: r.results.get("category") or category(r.name) for r in runs}, **(categories or {})}
     from ..analysis.overlap import alpha_shares, category_summary, jaccard_matrix, pearson_matrix, spearman_matrix
-    from ..stages.cie import alpha_cie_correlation
+    from ..analysis.cie import alpha_cie_correlation
 
     rows = []
     for r in runs:

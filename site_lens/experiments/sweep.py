@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..adapter import Adapter, load_adapter, save_adapter, write_json_atomic, write_text_atomic
+from ..adapter import Adapter, load_adapter, save_adapter
 from ..analysis.attribution import attribution_scores, zero_shot_examples
 from ..analysis.minimal import (
     add_recovery,
@@ -40,12 +40,12 @@ from ..analysis.minimal import (
 )
 from ..analysis.sparse import SparseFit, sparse_path
 from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
-from ..files import save_tensors
+from ..files import save_tensors, write_json_atomic, write_text_atomic
 from ..methods.site import fit_site
 from ..models.engines import Model
 from ..models.identity import model_identity
 from ..progress import Progress
-from ..stages.cie import causal_indirect_effect
+from ..analysis.cie import causal_indirect_effect
 from ..tasks import Task, category
 
 log = logging.getLogger(__name__)

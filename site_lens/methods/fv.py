@@ -3,7 +3,7 @@
 1. Mean head outputs: hook_z at the last token averaged over 10-shot prompts
    (shared with SITE's stage 1, ``TaskContext.mean_z``).
 2. Causal indirect effect of every head on shuffled-label 10-shot prompts
-   (``site_lens.stages.cie.causal_indirect_effect``); keep the top k = 10 heads.
+   (``site_lens.analysis.cie.causal_indirect_effect``); keep the top k = 10 heads.
 3. The function vector v = sum over those heads of mean_z[l, h] @ W_O[l, h]
    (each head's mean contribution to the residual stream, without b_O). Where
    a norm sits between W_O and the residual stream (Gemma 2/3's ``ln1_post``),
@@ -29,7 +29,7 @@ from transformer_lens.utilities import get_act_name
 
 from ..gate import HookFactory
 from ..models.engines import Model, norm_gain
-from ..stages.cie import causal_indirect_effect
+from ..analysis.cie import causal_indirect_effect
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token

@@ -5,7 +5,7 @@ tokenizer saved in a folder, which the bridge's boot reads offline);
 ``load_model(..., engine="bridge")`` uses it for the embedded models (the float32
 checkpoint ``hf.load_hf_model`` keeps in the weight cache) and for hub names,
 with accelerate's ``device_map`` / ``max_memory`` for models split over devices.
-``tiny_bridge`` builds tiny random configs of seven architectures for tests.
+``tiny.tiny_bridge`` builds tiny random ones of seven architectures for tests.
 
 The bridge runs the native model: ``hook_z`` is the input of the attention
 output projection, exactly where the HookedTransformer engine (loaded without
@@ -23,11 +23,6 @@ from typing import Any
 
 import torch
 from transformer_lens.model_bridge import TransformerBridge
-
-from .engines import ModelError
-
-# tiny random configs: architecture -> (transformers config class, model class, extra config fields)
-TINY_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox")
 
 
 def bridge_from_hf(
@@ -80,55 +75,3 @@ def load_bridge(
     hf_model, tok = load_hf_model(name, dtype=dtype, device_map=device_map, cache_dir=cache_dir, **kwargs)
     bridge = bridge_from_hf(hf_model, tok, dtype=dtype)  # its config and tokenizer saved afresh: no hub lookups
     return bridge, source_of(hf_model).get("source_sha256")
-
-
-# ---------------------------------------------------------------- tiny random bridges
-
-
-def tiny_hf_config(arch: str, vocab: int, **overrides: Any) -> Any:
-    """A tiny random transformers config: 2 layers (3 for Gemma 3: two sliding, one full), d_model 32, 4 heads."""
-    import transformers as tf
-
-    base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
-    base.update(max_position_embeddings=128, tie_word_embeddings=False)
-    if arch in ("llama", "mistral", "qwen2", "qwen3"):
-        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config}
-        d = dict(base, num_key_value_heads=2, head_dim=8)
-        if arch == "mistral":
-            d["sliding_window"] = None
-        return cls[arch](**{**d, **overrides})
-    if arch == "gemma3":
-        d = dict(
-            base, num_hidden_layers=3, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4
-        )
-        d["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention"]
-        return tf.Gemma3TextConfig(**{**d, **overrides})
-    if arch == "gpt2":
-        d = dict(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128)
-        return tf.GPT2Config(**{**d, **overrides})
-    if arch == "gpt_neox":
-        d = dict(base, rotary_pct=0.5, use_parallel_residual=True)
-        return tf.GPTNeoXConfig(**{**d, **overrides})
-    raise ModelError(f"unknown tiny architecture '{arch}'; use one of {', '.join(TINY_ARCHITECTURES)}")
-
-
-def tiny_hf(arch: str, tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
-    """A tiny random transformers causal LM of ``arch`` (eval mode, frozen), seeded."""
-    from transformers import AutoModelForCausalLM
-
-    cfg = tiny_hf_config(arch, len(tokenizer.get_vocab()), **overrides)
-    cfg.pad_token_id = tokenizer.pad_token_id
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return model.eval().requires_grad_(False)
-
-
-def tiny_bridge(arch: str = "llama", tokenizer: Any = None, seed: int = 0, name: str | None = None, **overrides: Any):
-    """A tiny random TransformerBridge of ``arch`` (``TINY_ARCHITECTURES``), registered as ``name``."""
-    from .identity import register
-
-    if tokenizer is None:
-        raise ModelError("tiny_bridge needs a tokenizer (the bridge's boot encodes a probe string)")
-    model = bridge_from_hf(tiny_hf(arch, tokenizer, seed, **overrides), tokenizer)
-    return register(model, name or f"tiny-{arch}")

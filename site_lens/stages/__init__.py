@@ -4,5 +4,4 @@
   selection   stage 2: the gate's theta trained on zero-shot prompts
   training    the training loop every trained method uses, and the whole-prompt loss
   objectives  the answer-sequence and option-token objectives
-  cie         the causal indirect effect of each head (Function Vectors' head ranking)
 """
