@@ -92,6 +92,18 @@ def test_prompting_methods_have_no_hooks(model, fitted, name):
     assert fitted[name].prefill_hooks(model) is None and fitted[name].persistent_hooks(model) == []
 
 
+@pytest.mark.parametrize("name", ["site", "fv", "tv", "i2cl", "mtv", "lora", "ia3"])
+def test_hooks_before_fit_are_refused_in_one_line(model, name):
+    """A fitted method asked for its hooks before fit(): NotFittedError naming it (no assert, which -O drops)."""
+    from site_lens.methods import make_method
+    from site_lens.methods.base import NotFittedError
+
+    method = make_method(name)
+    with pytest.raises(NotFittedError, match=f"^{name}: call fit"):
+        method.persistent_hooks(model)
+        method.prefill_hooks(model)
+
+
 def test_untrained_adapters_are_identities(model, task):
     """LoRA (B = 0), (IA)3 (ones) and I2CL with l0 = 0, l1 = 1 leave the logits unchanged."""
     tokens = torch.tensor([model.tokenizer("Q: b\nA: B")["input_ids"]])

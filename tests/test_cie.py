@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from site_lens.analysis.cie import alpha_cie_correlation, causal_indirect_effect, shuffled_label_prompts
 from site_lens.engine.backend import backend_for, last_logits, use_backend
 from site_lens.engine.prompt_cache import PromptCache
-from site_lens.analysis.cie import alpha_cie_correlation, causal_indirect_effect, shuffled_label_prompts
 from site_lens.stages.embeddings import build_task_embedding
 from site_lens.tasks import load_task
 from site_lens.tokens import Example, encode, pad_id, pad_right
@@ -48,8 +48,8 @@ def test_cie_shape_and_zero_when_t_is_the_corrupted_mean(model):
 
 def _by_definition(model, task, t, n_prompts, n_shots, layer, head):
     """CIE of one head from whole prompts: mean of P(y | head patched to t) - P(y | corrupted)."""
-    from site_lens.gate import injection_hooks
     from site_lens.analysis.cie import _prompts_and_targets
+    from site_lens.gate import injection_hooks
 
     tokens, targets = _prompts_and_targets(model, task, n_prompts, n_shots, 0)
     alpha = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)

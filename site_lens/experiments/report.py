@@ -111,11 +111,11 @@ def analyse_runs(
 ) -> None:
     """Write patching.csv and cie.safetensors into each run folder, transfer.csv next to them (skips existing)."""
 
+    from ..analysis.cie import causal_indirect_effect
     from ..analysis.overlap import transfer_matrix
     from ..analysis.patching import head_patching_sweep
     from ..models import model_identity
     from ..progress import Progress
-    from ..analysis.cie import causal_indirect_effect
     from ..tasks import load_task
 
     tasks = {}
@@ -179,8 +179,8 @@ def summarise(
     from ..tasks import category
 
     categories = {**{r.name: r.results.get("category") or category(r.name) for r in runs}, **(categories or {})}
-    from ..analysis.overlap import alpha_shares, category_summary, jaccard_matrix, pearson_matrix, spearman_matrix
     from ..analysis.cie import alpha_cie_correlation
+    from ..analysis.overlap import alpha_shares, category_summary, jaccard_matrix, pearson_matrix, spearman_matrix
 
     rows = []
     for r in runs:

@@ -29,6 +29,7 @@ import torch
 
 from ..adapter import Adapter, load_adapter, save_adapter
 from ..analysis.attribution import attribution_scores, zero_shot_examples
+from ..analysis.cie import causal_indirect_effect
 from ..analysis.minimal import (
     add_recovery,
     random_sets,
@@ -45,7 +46,6 @@ from ..methods.site import fit_site
 from ..models.engines import Model
 from ..models.identity import model_identity
 from ..progress import Progress
-from ..analysis.cie import causal_indirect_effect
 from ..tasks import Task, category
 
 log = logging.getLogger(__name__)

@@ -93,10 +93,19 @@ def method_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**31)
 
 
+class NotFittedError(RuntimeError):
+    """A fitted method's hooks asked for before ``fit``."""
+
+
 class Method:
     """Base class: zero-shot prompts, no hooks, nothing to fit."""
 
     name = "base"
+
+    def _fitted(self, *state: Any) -> None:
+        """NotFittedError unless every piece of ``state`` (what ``fit`` sets) is there: a check ``python -O`` keeps."""
+        if any(x is None for x in state):
+            raise NotFittedError(f"{self.name}: call fit() before asking for its hooks")
 
     def __init__(self) -> None:
         self.info: dict[str, Any] = {}  # what fit chose (layers, heads, losses), saved with the row

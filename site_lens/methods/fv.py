@@ -27,9 +27,9 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
+from ..analysis.cie import causal_indirect_effect
 from ..gate import HookFactory
 from ..models.engines import Model, norm_gain
-from ..analysis.cie import causal_indirect_effect
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task
 from .base import Method, TaskContext, choose_layer, sum_last_token
@@ -120,5 +120,5 @@ class FunctionVector(Method):
         return at_layer
 
     def prefill_hooks(self, model: Model) -> HookFactory | None:
-        assert self.v is not None, "fit first"
+        self._fitted(self.v)
         return self._factory(model)(self.layer)

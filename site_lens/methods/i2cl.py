@@ -81,7 +81,7 @@ class I2CL(Method):
         )
 
     def persistent_hooks(self, model: Model) -> Hooks:
-        assert self.lam is not None and self.c is not None, "fit first"
+        self._fitted(self.lam, self.c)
         return [
             (get_act_name(kind, layer), partial(linear_combine_hook, c=self.c[k, layer], lam=self.lam[k, layer]))
             for k, kind in enumerate(KINDS)

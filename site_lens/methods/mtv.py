@@ -114,6 +114,6 @@ class MultimodalTaskVector(Method):
         }
 
     def prefill_hooks(self, model: Model) -> HookFactory | None:
-        assert self.mask is not None, "fit first"
+        self._fitted(self.mask)
         t, m = self.mean_z, self.mask.to(device=model.cfg.device, dtype=model.cfg.dtype)
         return lambda last: injection_hooks(model, t, m, last)

@@ -107,7 +107,7 @@ class LoRA(_Adapted):
         self.params = nn.ParameterList(params)
 
     def persistent_hooks(self, model: Model) -> Hooks:
-        assert self.params is not None, "fit first"
+        self._fitted(self.params)
         hooks: Hooks = []
         scale = self.alpha / self.rank
         for layer in range(model.cfg.n_layers):
@@ -143,7 +143,7 @@ class IA3(_Adapted):
         )
 
     def persistent_hooks(self, model: Model) -> Hooks:
-        assert self.params is not None, "fit first"
+        self._fitted(self.params)
         hooks: Hooks = []
         for layer in range(model.cfg.n_layers):
             lk, lv, lff = self.params[3 * layer : 3 * layer + 3]

@@ -220,6 +220,6 @@ class Site(Method):
         }
 
     def prefill_hooks(self, model: Model) -> HookFactory | None:
-        assert self.adapter is not None, "fit first"
+        self._fitted(self.adapter)
         adapter = self.adapter
         return lambda last: adapter.hooks(model, last)

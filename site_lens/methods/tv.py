@@ -73,5 +73,5 @@ class TaskVector(Method):
         return at_layer
 
     def prefill_hooks(self, model: Model) -> HookFactory | None:
-        assert self.vectors is not None, "fit first"
+        self._fitted(self.vectors)
         return self._factory(model)(self.layer)
