@@ -67,8 +67,9 @@ def category(task: Any) -> str:
         >>> category("antonym"), category("choose_first_of_3"), category("uppercase")
         ('abstractive', 'extractive', 'other')
     """
-    if not isinstance(task, str):  # a Task: its meta.json's category first
-        own = task.meta.get("category")
+    meta = getattr(task, "meta", None)
+    if isinstance(meta, dict):  # a Task: its meta.json's category first
+        own = meta.get("category")
         if own:
             return str(own)
         task = task.name

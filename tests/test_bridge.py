@@ -350,3 +350,26 @@ def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
         bridge, prompts, max_new_tokens=5, prefill_hooks=lambda last: injection_hooks(bridge, t, alpha, last)
     )
     assert gen == want_gen and torch.allclose(first, want_first, atol=1e-5)
+
+
+def test_tiny_model_as_a_bridge_has_the_tiny_shape_and_refuses_what_it_cannot_build():
+    """tiny_model's TransformerBridge (what it gives on TransformerLens 4; built directly here on either line):
+    the HookedTransformer's defaults and overrides, the packed backend after its probe, one-line errors."""
+    from site_lens.engine.backend import backend_for
+    from site_lens.models import ModelError, model_identity
+    from site_lens.models.tiny import _tiny_bridge
+
+    model = _tiny_bridge(None, {})
+    c = model.cfg
+    shape = (c.n_layers, c.d_model, c.n_heads, c.d_head, c.n_key_value_heads, c.d_mlp, c.d_vocab, c.n_ctx)
+    assert shape == (2, 32, 4, 8, 2, 64, 50, 64)
+    assert model_identity(model)["name"] == "tiny-2x4" and c.default_prepend_bos is False
+    assert backend_for(model).name == "packed"  # the Llama it wraps is on the packed engine's list, and agrees
+    wide = _tiny_bridge(None, {"n_layers": 3, "n_heads": 8, "n_key_value_heads": 4, "seed": 1})
+    assert (wide.cfg.n_layers, wide.cfg.n_heads) == (3, 8)
+    with pytest.raises(ModelError, match="cannot set positional_embedding_type"):
+        _tiny_bridge(None, {"positional_embedding_type": "standard"})
+    with pytest.raises(ModelError, match="d_vocab=60 but the tokenizer has 101 ids"):
+        _tiny_bridge(char_tokenizer(), {"d_vocab": 60})
+    with pytest.raises(ModelError, match="at most 101 ids, not 500: pass one"):
+        _tiny_bridge(None, {"d_vocab": 500})

@@ -48,7 +48,7 @@ def bridge_from_hf(
         bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf_model, dtype=dtype)
     hf_model.config._name_or_path = path  # not the temporary folder the boot read
     if folder == tmp:  # nor in the bridge's config
-        bridge.cfg.model_name = path or name
+        bridge.cfg.model_name = name
     bridge.eval()
     bridge.requires_grad_(False)  # SITE never trains model weights
     return register(bridge, name)

@@ -75,7 +75,7 @@ def vocab_tokenizer(size: int) -> Any:
 
     chars = (["<pad>"] + list(string.printable))[:size]
     if len(chars) < size:
-        raise ValueError(f"vocab_tokenizer has at most {len(string.printable) + 1} ids, not {size}")
+        raise ModelError(f"a tiny TransformerBridge without a tokenizer has at most {len(chars)} ids, not {size}: pass one")
     tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -110,7 +110,9 @@ def tiny_model(tokenizer: Any = None, **overrides: Any) -> Model:
     """A tiny random model (frozen, unprocessed), optionally with a tokenizer (``"bytes"``: a byte-level one,
     ``byte_tokenizer``, with the vocabulary and context it needs): a HookedTransformer on TransformerLens 3.x, a
     TransformerBridge around a tiny Llama of the same shape on 4.x (which removed HookedTransformer), where only
-    the shape (layers, widths, heads, vocabulary, context) and the seed can be overridden.
+    the shape (layers, widths, heads, vocabulary, context) and the seed can be overridden. Where they differ: the
+    bridge rotates whole heads (the HookedTransformer's rotary_dim stays 8 when d_head changes), and given a
+    tokenizer without d_vocab, the bridge takes the tokenizer's size (the HookedTransformer 50).
 
     Example:
         >>> model = tiny_model()
