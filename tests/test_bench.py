@@ -91,6 +91,15 @@ def test_resume_skips_finished_rows_and_merge(data, tmp_path):
     assert [(r["method"], r["seed"]) for r in seen[2:]] == [("zero_shot", 1), ("ia3", 1)]
     after = (out / "rows.csv").read_text().splitlines()
     assert set(text.splitlines()) < set(after) and len(after) == 5
+    # rows/ holding only what came later (a kept t, say) and one of the listed rows: the others are restored
+    text = (out / "rows.csv").read_text()
+    for f in (out / "rows").glob("upper/seed1/*.json"):
+        f.unlink()
+    (out / "rows" / "upper" / "seed1" / "t.safetensors").write_bytes(b"kept t")
+    bench.run_bench(model, ["upper"], out=out, **{**kw, "seeds": [0, 1]})
+    assert len(seen) == 4 and (out / "rows.csv").read_text() == text  # nothing run again, no row dropped
+    assert (out / "rows" / "upper" / "seed1" / "t.safetensors").read_bytes() == b"kept t"
+    assert not list(out.glob(".rows.restoring*"))
     shutil.rmtree(out / "rows")  # settings other than the folder's: its rows are run again
     other = {**kw, "cfg": SiteConfig(embedding=SMALL_EMBEDDING, eval=EvalConfig(max_test=3))}
     bench.run_bench(model, ["upper"], out=out, **other)

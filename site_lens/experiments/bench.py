@@ -95,7 +95,7 @@ def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
             raise ConfigError(
                 f"{out} holds bench rows of model '{old['model']}', not '{spec['model']}': use another --out"
             )
-        if (out / "rows.csv").is_file() and not (out / ROWS_DIR).is_dir():
+        if (out / "rows.csv").is_file():
             restore_rows(out, old)
         for k in ("methods", "seeds"):
             spec[k] = list(dict.fromkeys([*old.get(k, []), *spec[k]]))
@@ -107,15 +107,21 @@ def _merge_spec(out: Path, spec: dict[str, Any], locks: Locks) -> None:
 
 
 def restore_rows(out: Path, spec: dict[str, Any]) -> int:
-    """Row files again from a committed rows.csv and bench.json (row files hold predictions, kept out of git).
+    """Row files again for the rows a committed rows.csv lists and no row file holds (row files hold predictions,
+    kept out of git; a rows/ folder may hold only what came later: kept t, a rerun's rows), from bench.json.
 
     Each row gets the spec bench.json records for its method (``row_specs``; from ``config`` in a
     folder older than that), so a run with those settings skips it and the rewritten rows.csv is the
     same; a method run with two specs gets none and is run again. ``predictions`` and ``info`` are not
-    in rows.csv and stay absent. All rows are parsed first and written into a folder renamed into
-    place, so a bad row or a killed process leaves no partial rows/ behind.
+    in rows.csv and stay absent. All rows are parsed first and written into a temporary folder, then
+    moved into place, so a bad row leaves nothing behind. To run a listed row again, remove its line from
+    rows.csv with its file, or use another --out.
     """
     where = out / "rows.csv"
+    with open(where, newline="") as f:
+        listed = [(r.get("task"), r.get("seed"), r.get("method")) for r in csv.DictReader(f)]
+    if all(_has_row_file(out, *k) for k in listed):
+        return 0
     if not spec.get("model") or not isinstance(spec.get("config"), dict):
         raise ConfigError(
             f"{where} has no rows/ folder and its {SPEC_FILE} does not record the settings (a merged, copied or "
@@ -140,16 +146,31 @@ def restore_rows(out: Path, spec: dict[str, Any]) -> int:
                 rows.append({k: _from_csv(k, r.get(k, "-") if k in OPTIONAL else r[k]) for k in ROW_FIELDS})
             except (KeyError, TypeError, ValueError) as e:
                 raise ConfigError(f"{where}, line {i}: not a bench row ({e!r}): use another --out") from None
+    rows = [r for r in rows if not row_path(out, r["task"], r["seed"], r["method"]).is_file()]
     tmp = out / f".{ROWS_DIR}.restoring"
     shutil.rmtree(tmp, ignore_errors=True)  # left by a restore that was killed
     (tmp / ROWS_DIR).mkdir(parents=True)
     for row in rows:
         on_disk = {**row, "spec": spec_of(row["method"]), "computed_by": "rows.csv"}
         write_json_atomic(row_path(tmp, row["task"], row["seed"], row["method"]), on_disk)
-    os.replace(tmp / ROWS_DIR, out / ROWS_DIR)
-    tmp.rmdir()
+    if not (out / ROWS_DIR).is_dir():
+        os.replace(tmp / ROWS_DIR, out / ROWS_DIR)
+    else:  # beside the row files and kept t already there
+        for row in rows:
+            dest = row_path(out, row["task"], row["seed"], row["method"])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(row_path(tmp, row["task"], row["seed"], row["method"]), dest)
+    shutil.rmtree(tmp)
     log.info("%s: %d rows restored from rows.csv", out, len(rows))
     return len(rows)
+
+
+def _has_row_file(out: Path, task: Any, seed: Any, method: Any) -> bool:
+    """Whether rows.csv's row (its text fields) has its row file (a line it cannot read counts as missing)."""
+    try:
+        return row_path(out, str(task), int(seed), str(method)).is_file()
+    except (TypeError, ValueError):
+        return False
 
 
 def _from_csv(key: str, text: str) -> Any:
