@@ -13,11 +13,12 @@ and a difference only pairs rows of the same (task, seed).
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from site_lens.analysis.plots.claims import method_intervals_figure
 from site_lens.analysis.plots.theme import save_figure
-from site_lens.experiments.bench import write_summary
+from site_lens.experiments.bench import restore_rows, write_summary
 from site_lens.experiments.seed_report import markdown, method_intervals, paired_differences, read_rows, seed_spread
 from site_lens.files import write_text_atomic
 
@@ -35,8 +36,11 @@ def main() -> None:
     tables = {}
     for model in args.models.split(","):
         root = Path(args.results)
-        if (root / "seeds" / model / "rows").is_dir():  # the rows finished so far, also while runs go on
-            write_summary(root / "seeds" / model)
+        seeds = root / "seeds" / model
+        if (seeds / "rows").is_dir():  # the rows finished so far, also while runs go on
+            if (seeds / "rows.csv").is_file():  # the committed rows whose files this machine lacks, first
+                restore_rows(seeds, json.loads((seeds / "bench.json").read_text()))
+            write_summary(seeds)
         paths = [root / model / "rows.csv", root / "seeds" / model / "rows.csv"]
         rows = read_rows([q for q in paths if q.is_file()])
         rows = rows[rows.method.isin(METHODS)]
