@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import sys
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def main() -> int:
         "| maps | tasks | pairs | Spearman | p | null mean | without family pairs (pairs) | Spearman | p |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    rows = [("seeds averaged (1, 2 each)", (None, None))] + [(f"seed {s} with seed {s}", (s, s)) for s in sorted(set(a.seeds) & set(b.seeds))]
+    averaged = f"seeds averaged ({', '.join(map(str, a.seeds))} / {', '.join(map(str, b.seeds))})"
+    rows = [(averaged, (None, None))] + [(f"seed {s} with seed {s}", (s, s)) for s in sorted(set(a.seeds) & set(b.seeds))]
     for label, seeds in rows:
         r = compare_atlases(a, b, seeds=seeds, n_perm=args.perms)
         lines.append(
@@ -76,9 +78,8 @@ def main() -> int:
             f"{r['null_mean']:+.3f} | {r['pairs_excl']} | {r['spearman_excl']:+.3f} | {format_p(r['p_excl'], r['n_perm'])} |"
         )
         print(lines[-1], flush=True)
-    for atlas in (a, b):  # the same test between one model's two seeds, for scale
-        if len(atlas.seeds) >= 2:
-            s0, s1 = atlas.seeds[:2]
+    for atlas in (a, b):  # the same test between each two seeds of one model, for scale
+        for s0, s1 in itertools.combinations(atlas.seeds, 2):
             r = compare_atlases(atlas, atlas, seeds=(s0, s1), n_perm=args.perms)
             lines.append(
                 f"| {atlas.model['name']}: seed {s0} with seed {s1} (for scale) | {r['tasks']} | {r['pairs']} | "
