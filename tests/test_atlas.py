@@ -373,3 +373,15 @@ def test_scores_come_from_the_row_file_of_the_theta_where_rows_csv_holds_another
     assert strict(atlas, "lower", "icl", 1) == files["lower", "icl", 1]["strict_match"]
     (bench / "rows" / "lower" / "seed1" / "icl.json").unlink()  # no row file: the table's row stands
     assert strict(assemble_atlas(made["model"], [bench], data_dir=made["data"], command="test"), "lower", "icl", 1) == 0.123
+
+
+@pytest.mark.parametrize("name, heads", [("smollm2-135m", 270), ("gemma-3-270m", 72)])
+def test_the_shipped_atlases_load_whole(name, heads):
+    """Each committed atlas passes its digests and holds the 45 FV tasks x seeds 0-2 of its model, t included."""
+    from pathlib import Path
+
+    atlas = load_atlas(Path(__file__).resolve().parents[1] / "atlases" / name)
+    assert atlas.model["name"] == name and len(atlas.tasks) == 45 and atlas.seeds == [0, 1, 2]
+    assert len(atlas.heads) == 45 * 3 * heads and len(atlas.t) == 45 * 3
+    site = atlas.scores[atlas.scores.method == "site"]
+    assert len(site) == 45 * 3 and site.exact_match.between(0, 1).all()
