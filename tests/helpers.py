@@ -6,6 +6,8 @@ import string
 
 from transformers import PreTrainedTokenizerFast
 
+from site_lens.models.tiny import HF_FIELDS as TINY_HF_FIELDS
+
 
 def needs_hooked(reason: str):
     """A skip mark for tests of TransformerLens 3.x's HookedTransformer (TransformerLens 4 removed it)."""
@@ -45,18 +47,8 @@ def tiny(**overrides):
     return tiny_model(tokenizer=tok, **overrides)
 
 
-# HookedTransformerConfig fields -> the tiny transformers config's
-HF_FIELDS = {
-    "n_layers": "num_hidden_layers",
-    "d_model": "hidden_size",
-    "n_heads": "num_attention_heads",
-    "d_head": "head_dim",
-    "d_mlp": "intermediate_size",
-    "n_ctx": "max_position_embeddings",
-    "n_key_value_heads": "num_key_value_heads",
-    "d_vocab": "vocab_size",
-    "initializer_range": "initializer_range",
-}
+# HookedTransformerConfig fields -> the tiny transformers config's: tiny_model's, plus vocabulary and init scale
+HF_FIELDS = {**TINY_HF_FIELDS, "d_vocab": "vocab_size", "initializer_range": "initializer_range"}
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "Qwen2ForCausalLM": "qwen2"}
 ARCHITECTURES |= {"MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3", "GPTNeoXForCausalLM": "gpt_neox"}
 # values that are what the bridge's Llama-like and Gemma-3-like blocks are anyway

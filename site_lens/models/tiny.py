@@ -54,7 +54,7 @@ def byte_tokenizer() -> Any:
 
 
 # HookedTransformerConfig fields the tiny TransformerBridge maps onto its transformers config
-_HF_FIELDS = {
+HF_FIELDS = {
     "n_layers": "num_hidden_layers",
     "d_model": "hidden_size",
     "n_heads": "num_attention_heads",
@@ -89,7 +89,7 @@ def _tiny_bridge(tokenizer: Any, overrides: dict[str, Any]) -> Model:
     o = dict(overrides)
     seed = o.pop("seed", 0)
     vocab = o.pop("d_vocab", None if tokenizer is not None else 50)
-    hf = {_HF_FIELDS[k]: o.pop(k) for k in list(o) if k in _HF_FIELDS}
+    hf = {HF_FIELDS[k]: o.pop(k) for k in list(o) if k in HF_FIELDS}
     if o:
         raise ModelError(f"tiny_model on TransformerLens 4 (a TransformerBridge) cannot set {', '.join(sorted(o))}")
     if tokenizer is None:
