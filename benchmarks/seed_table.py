@@ -1,5 +1,6 @@
 """The seed tables of both embedded models: per method the mean over tasks and seeds with its 95 % interval,
-SITE minus ICL and minus I2CL paired by seed, and each task's seed spread.
+SITE minus ICL and minus I2CL paired by task (each task's mean over the seeds both ran), and each
+task's seed spread.
 
     .venv/bin/python benchmarks/seed_table.py                  # after benchmarks/run_seeds.sh
 
@@ -7,7 +8,7 @@ Reads seed 0 from results/MODEL/rows.csv (all nine methods) and the further seed
 results/seeds/MODEL/rows.csv (rewritten first from the rows on disk); writes
 results/seeds/MODEL/{intervals,differences,spread}.csv and intervals.md, and
 figures/claims/methods_intervals.{html,png}. Only tasks every listed method finished are used,
-and a difference only pairs rows of the same (task, seed).
+and a difference pairs each task's mean over the seeds both methods ran.
 """
 
 from __future__ import annotations

@@ -41,10 +41,15 @@ class _Config:
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
         # nested configs (SiteConfig's stages) from their dicts; a null one takes its defaults
-        parts = {f.name: f.default_factory for f in fields(cls) if f.default_factory in _Config.__subclasses__()}  # type: ignore[arg-type]
+        parts = {f.name: f.default_factory for f in fields(cls) if _is_config(f.default_factory)}  # type: ignore[arg-type]
         return cls(
             **{k: parts[k].from_dict(v or {}) if k in parts and not isinstance(v, _Config) else v for k, v in d.items()}
         )
+
+
+def _is_config(kind: Any) -> bool:
+    """Whether a field's default factory is a config class (a nested stage config)."""
+    return isinstance(kind, type) and issubclass(kind, _Config)
 
 
 @dataclass
@@ -67,8 +72,42 @@ class EmbeddingConfig(_Config):
 
 
 @dataclass
-class SelectionConfig(_Config):
-    """Stage 2: training theta, alpha = sigmoid(theta), on zero-shot prompts.
+class TrainConfig(_Config):
+    """An optimiser loop over the frozen model: what SITE's stage 2 and every trained baseline share.
+
+    Its defaults are the baselines' modest CPU budget (docs/benchmark.md); ``SelectionConfig``
+    (SITE's stage 2) and ``MTVConfig`` are this loop with their own defaults and a few fields more.
+
+    Example:
+        >>> TrainConfig(steps=50).batch_size
+        8
+    """
+
+    steps: int = 100  # optimiser steps
+    lr: float = 1e-2  # Adam learning rate
+    batch_size: int = 8  # zero-shot prompts per step
+    eval_every: int = 25  # validate on the valid split every this many steps (and at the last); 0 = never
+    max_valid: int = 50  # valid items used for model selection (the first ones)
+    objective: str = "first_token"  # first_token: the answer's first token (paper); sequence: every answer token and its end; option_token: the first token where the options differ
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.steps < 0:
+            raise ConfigError(f"{name}.steps must be >= 0, got {self.steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"{name}.lr must be a finite number > 0, got {self.lr}")
+        if self.batch_size < 1:
+            raise ConfigError(f"{name}.batch_size must be >= 1, got {self.batch_size}")
+        if self.eval_every < 0 or self.max_valid < 0:
+            raise ConfigError(f"{name}.eval_every and max_valid must be >= 0")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"{name}.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+
+
+@dataclass
+class SelectionConfig(TrainConfig):
+    """Stage 2: training theta, alpha = sigmoid(theta), on zero-shot prompts (``TrainConfig`` with the paper's
+    defaults, theta's start, model selection and the engine that runs the steps).
 
     Example:
         >>> SelectionConfig(steps=100).lr
@@ -82,29 +121,19 @@ class SelectionConfig(_Config):
     steps: int = 400  # optimiser steps (paper: 400)
     lr: float = 0.2  # Adam learning rate (paper: 0.2)
     batch_size: int = 1  # zero-shot prompts per step (paper: 1)
-    theta_init: float = 0.0  # alpha starts at sigmoid(0) = 0.5
     eval_every: int = 50  # validate on the valid split every this many steps; 0 = never
     max_valid: int = 100  # valid items used for model selection (the first ones)
+    theta_init: float = 0.0  # alpha starts at sigmoid(0) = 0.5
     keep_best: bool = True  # restore the theta with the lowest valid loss
     fast: bool = True  # cached prefixes: run only the last prompt token per step (--no-fast: whole prompts)
     backend: str = "auto"  # fast path's backend: auto (packed where the model allows), hooked or packed
-    objective: str = "first_token"  # first_token: the answer's first token (paper); sequence: every answer token and its end; option_token: the first token where the options differ
 
     def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ConfigError(f"SelectionConfig.steps must be >= 0, got {self.steps}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"SelectionConfig.lr must be a finite number > 0, got {self.lr}")
+        super().__post_init__()
         if not math.isfinite(self.theta_init):
             raise ConfigError(f"SelectionConfig.theta_init must be finite, got {self.theta_init}")
-        if self.batch_size < 1:
-            raise ConfigError(f"SelectionConfig.batch_size must be >= 1, got {self.batch_size}")
-        if self.eval_every < 0 or self.max_valid < 0:
-            raise ConfigError("SelectionConfig.eval_every and max_valid must be >= 0")
         if self.backend not in ("auto", "hooked", "packed"):
             raise ConfigError(f"SelectionConfig.backend must be auto, hooked or packed, got {self.backend!r}")
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"SelectionConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 @dataclass
@@ -178,7 +207,7 @@ class SiteConfig(_Config):
     def __post_init__(self) -> None:
         for f in fields(self):  # each stage's part must be its config (``from_dict`` builds them from dicts)
             kind = f.default_factory
-            if kind in _Config.__subclasses__() and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
+            if _is_config(kind) and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
                 got = type(getattr(self, f.name)).__name__
                 raise ConfigError(f"SiteConfig.{f.name} must be an {kind.__name__}, got {got}")  # type: ignore[union-attr]
 
@@ -187,12 +216,13 @@ class SiteConfig(_Config):
 
 
 def field_help(cls: type) -> dict[str, str]:
-    """Each field's trailing comment in the class source: its help text."""
+    """Each field's trailing comment in the class source (a subclass's over its base's): its help text."""
     out: dict[str, str] = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+): [^#]+#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
+    for kind in reversed([k for k in cls.__mro__ if k is not _Config and _is_config(k)]):
+        for line in inspect.getsource(kind).splitlines():
+            m = re.match(r"\s+(\w+): [^#]+#\s*(.+)$", line)
+            if m:
+                out[m.group(1)] = m.group(2).strip()
     return out
 
 

@@ -23,18 +23,16 @@ with the lowest valid loss.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
 
-from ..config import OBJECTIVES, TEACHER_FORCED, ConfigError, EmbeddingConfig, EvalConfig, _Config
+from ..config import TEACHER_FORCED, EmbeddingConfig, EvalConfig, TrainConfig
 from ..engine.generate import generate_greedy
 from ..engine.options import option_accuracy, option_logprobs
 from ..engine.prompt_cache import PromptCache
@@ -258,30 +256,6 @@ def scored_row(model: Model, method: Method, task: Task, seed: int, cfg: EvalCon
 
 
 # ---------------------------------------------------------------- first-token losses and training
-
-
-@dataclass
-class TrainConfig(_Config):
-    """Budget of ``train_params`` (modest, for CPU; see docs/benchmark.md)."""
-
-    steps: int = 100  # optimiser steps
-    lr: float = 1e-2  # Adam learning rate
-    batch_size: int = 8  # zero-shot prompts per step
-    eval_every: int = 25  # valid loss every this many steps (and at the end); 0 = never
-    max_valid: int = 50  # valid items for model selection
-    objective: str = "first_token"  # or "sequence" / "option_token" (config.OBJECTIVES, stages/objectives.py)
-
-    def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ConfigError(f"TrainConfig.steps must be >= 0, got {self.steps}")
-        if self.batch_size < 1:
-            raise ConfigError(f"TrainConfig.batch_size must be >= 1, got {self.batch_size}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"TrainConfig.lr must be a finite number > 0, got {self.lr}")
-        if self.eval_every < 0 or self.max_valid < 0:
-            raise ConfigError("TrainConfig.eval_every and max_valid must be >= 0")
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"TrainConfig.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
 
 def train_params(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..config import ConfigError, _Config
+from ..config import ConfigError, TrainConfig
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, injection_hooks
 from ..models.engines import Model
@@ -32,21 +32,20 @@ from .base import Method, TaskContext, method_seed
 
 
 @dataclass
-class MTVConfig(_Config):
-    """REINFORCE budget (modest, for CPU)."""
+class MTVConfig(TrainConfig):
+    """REINFORCE budget (modest, for CPU): the training loop's fields with MTV's defaults, and its baseline."""
 
     steps: int = 200  # policy updates
     lr: float = 0.1  # Adam on the logits phi
     batch_size: int = 8  # zero-shot train prompts per reward
-    baseline_decay: float = 0.9  # running-mean reward baseline
     eval_every: int = 50  # keep the phi whose p > 0.5 mask has the lowest valid loss
     max_valid: int = 50  # valid items for that choice
+    baseline_decay: float = 0.9  # running-mean reward baseline
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.eval_every < 0 or self.max_valid < 0:
-            raise ConfigError(f"MTVConfig: steps, eval_every, max_valid must be >= 0 and batch_size >= 1, got {self}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"MTVConfig.lr must be a finite number > 0, got {self.lr}")
+        super().__post_init__()
+        if self.objective != "first_token":
+            raise ConfigError(f"MTVConfig.objective must be first_token (its reward is the first token's loss), got {self.objective!r}")
         if not 0 <= self.baseline_decay < 1:
             raise ConfigError(f"MTVConfig.baseline_decay must be in [0, 1), got {self.baseline_decay}")
 
