@@ -12,7 +12,7 @@ attention scores stay within ``ATTN_CELLS``; batching never changes results
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +73,14 @@ ATTN_CELLS = 2**27
 # (rows * heads * padded length^2 * layers): 1 GiB per float32 tensor kept. Only prompts of
 # hundreds of tokens (zero-shot reading-comprehension tasks) have their training batches cut.
 GRAD_CELLS = 2**28
+
+
+def by_length(lengths: Iterable[int]) -> dict[int, list[int]]:
+    """Indices grouped by their length (groups in order of first appearance): rows of one group share a forward."""
+    out: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        out.setdefault(n, []).append(i)
+    return out
 
 
 def fit_batches(

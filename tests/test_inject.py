@@ -231,6 +231,26 @@ def test_fit_batches_respects_rows_and_attention_budget():
     assert fit_batches(range(64), [60] * 64, max_rows=64, n_heads=9) == [list(range(64))]
 
 
+def test_by_length_groups_indices_in_order_of_first_appearance():
+    from site_lens.tokens import by_length
+
+    assert by_length([3, 5, 3, 7, 5, 3]) == {3: [0, 2, 5], 5: [1, 4], 7: [3]}
+    assert list(by_length([9, 2, 9])) == [9, 2]  # the first length seen leads
+    assert by_length([]) == {}
+
+
+def test_uncached_decoder_stops_rows_at_stop_tokens_like_the_cached_loop(model):
+    """The reference decoder runs in the one decode loop: a row stops at its stop token, the others go on."""
+    prompts = [[1, 5, 7, 9], [3, 5, 2]]
+    free, _ = generate_greedy(model, prompts, max_new_tokens=6, stop_ids=set(), use_cache=False)
+    stop = {free[0][1]}  # row 0's second token
+    for use_cache in (False, True):
+        got, _ = generate_greedy(model, prompts, max_new_tokens=6, stop_ids=stop, use_cache=use_cache)
+        for row, full in zip(got, free):
+            cut = next((i + 1 for i, tok in enumerate(full) if tok in stop), len(full))
+            assert row == full[:cut]
+
+
 def test_attention_budget_does_not_change_generation(model, monkeypatch):
     from site_lens import tokens as inject
 

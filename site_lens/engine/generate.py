@@ -21,7 +21,7 @@ from torch import Tensor
 from ..gate import HookFactory, injection_hooks
 from ..models.engines import Model
 from ..threads import adapt, adaptive_threads
-from ..tokens import check_context, fit_batches, generation_stop_ids, pad_id, pad_right
+from ..tokens import by_length, check_context, fit_batches, generation_stop_ids, pad_id, pad_right
 from .backend import Backend, Decoder, PackedBackend, PackedDecoder, backend_for, last_logits
 
 Finished = Callable[[int, list[int]], bool]  # (row or prompt index, its tokens so far) -> stop that row
@@ -91,7 +91,7 @@ def generate_greedy(
 
 
 def decode_greedy(
-    decoder: Decoder | None,
+    decoder: Decoder | UncachedDecoder | None,
     logits: Float[Tensor, "batch d_vocab"],
     max_new: int,
     stop: set[int],
@@ -99,7 +99,7 @@ def decode_greedy(
 ) -> list[list[int]]:
     """Each row's greedy tokens from its first-step ``logits``, then ``decoder.step`` until every row has met a
     token of ``stop`` or ``finished(row, tokens so far)``, or has ``max_new`` tokens (``decoder``: None
-    for ``max_new`` 1). The one decode loop of every cached generation."""
+    for ``max_new`` 1). The one decode loop of every generation, cached or not (``UncachedDecoder``)."""
     gen: list[list[int]] = [[] for _ in range(logits.shape[0])]
     done = torch.zeros(len(gen), dtype=torch.bool)
     nxt = logits.argmax(-1)  # (batch,)
@@ -130,27 +130,33 @@ def _generate_cached(backend: Backend, model, batch, max_new, prefill_hooks, sto
     return decode_greedy(decoder, logits, max_new, stop, finished), logits
 
 
+class UncachedDecoder:
+    """The reference decoder: every step re-runs each row's whole sequence (no KV cache), the prefill hooks at
+    the same absolute positions each time."""
+
+    def __init__(self, model: Model, batch: Sequence[Sequence[int]], prefill_hooks: HookFactory | None):
+        self.model, self.seqs = model, [list(s) for s in batch]
+        _, _, self.last0 = pad_right(self.seqs, pad_id(model), model.cfg.device)
+        self.hooks = prefill_hooks
+
+    def logits(self) -> Float[Tensor, "batch d_vocab"]:
+        """Each row's logits after its sequence so far."""
+        tokens, mask, last = pad_right(self.seqs, pad_id(self.model), self.model.cfg.device)
+        hooks = self.hooks(self.last0) if self.hooks else []
+        return last_logits(self.model, tokens, last, hooks=hooks, attention_mask=mask)
+
+    def step(self, nxt: Tensor, done: Tensor) -> Tensor:
+        """Append each row's token, then every row's next one (finished rows' are ignored by the loop)."""
+        for seq, tok in zip(self.seqs, nxt.tolist()):
+            seq.append(tok)
+        return self.logits().argmax(-1)
+
+
 def _generate_uncached(model, batch, max_new, prefill_hooks, stop, finished=None):
-    """Reference path: re-run the whole sequence every step, injecting at the same positions."""
-    device = model.cfg.device
-    seqs = [list(s) for s in batch]
-    _, _, last0 = pad_right(seqs, pad_id(model), device)
-    gen: list[list[int]] = [[] for _ in batch]
-    done = torch.zeros(len(batch), dtype=torch.bool)
-    logits0 = None
-    for step in range(max_new):
-        tokens, mask, last = pad_right(seqs, pad_id(model), device)
-        hooks = prefill_hooks(last0) if prefill_hooks else []
-        logits = last_logits(model, tokens, last, hooks=hooks, attention_mask=mask)
-        if logits0 is None:
-            logits0 = logits
-        nxt = logits.argmax(-1)
-        _finish(gen, nxt, done, stop, finished)
-        if bool(done.all()):
-            break
-        for j in range(len(seqs)):
-            seqs[j].append(int(nxt[j]))
-    return gen, logits0
+    """Reference path: the one decode loop over ``UncachedDecoder``."""
+    decoder = UncachedDecoder(model, batch, prefill_hooks)
+    logits = decoder.logits()
+    return decode_greedy(decoder, logits, max_new, stop, finished), logits
 
 
 @torch.inference_mode()
@@ -189,11 +195,8 @@ def generate_under_gates(
         return
     runner = backend.runner
     stop = generation_stop_ids(model)
-    by_len: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        by_len.setdefault(len(p), []).append(i)
     groups = []  # (prompt indices, their prefix, their last tokens)
-    for idx in by_len.values():
+    for idx in by_length(len(p) for p in prompts).values():
         for part in fit_batches(idx, [len(p) + max_new_tokens for p in prompts], batch_size, model.cfg.n_heads):
             toks = torch.tensor([list(prompts[i]) for i in part], device=dev)
             groups.append((part, backend.prefix(toks[:, :-1]), toks[:, -1]))

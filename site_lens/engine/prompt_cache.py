@@ -16,7 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..models.engines import Model
-from ..tokens import Example, fit_batches
+from ..tokens import Example, by_length, fit_batches
 from .backend import Backend, ResidEdits, backend_for
 from .prefix import Prefix
 
@@ -54,12 +54,9 @@ class PromptCache:
         self.examples = list(examples)
         self.where: dict[int, tuple[int, int]] = {}  # prompt index -> (prefix length, row in group)
         self.prefixes: dict[int, Prefix] = {}  # prefix length -> the group's prefix
-        by_len: dict[int, list[int]] = {}
         lengths = [len(ex.tokens) - 1 for ex in self.examples]
-        for i, n in enumerate(lengths):
-            by_len.setdefault(n, []).append(i)
         device = model.cfg.device
-        for length, idx in by_len.items():
+        for length, idx in by_length(lengths).items():
             for row, i in enumerate(idx):
                 self.where[i] = (length, row)
             parts = fit_batches(idx, lengths, batch_size, model.cfg.n_heads)
