@@ -4,8 +4,9 @@ For each batch size B (up to ``--fit-max``), the same B FV tasks are trained two
 (``SelectionConfig`` defaults: batch 1, lr 0.2, validation every ``eval_every`` steps, but
 ``--steps`` steps): each task alone (``AlphaTrainer``, what ``fit_site`` runs) and all B
 together (``BatchedAlphaTrainer``, what ``fit_site_many`` runs). The rounds alternate which
-goes first; medians over rounds. One-at-a-time is timed on the first ``--single`` tasks of
-the batch (its cost per task does not depend on B) and scaled to B. For every B, one training
+goes first; medians over rounds. One-at-a-time fits every task of the batch (``--single k``
+times only the first k and scales to B: cheaper, but biased where prompt lengths differ, as
+ag_news's 60-token prompts against the 12-16 of the tasks sorted before it). For every B, one training
 step of the B tasks together and of one task alone are timed apart (``--reps`` steps each).
 
 Stage 2's cost does not depend on t's values, so t is stage 1 with few prompts
@@ -102,7 +103,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="8,45")
     ap.add_argument("--steps", type=int, default=40, help="training steps per fit (the default fit has 400)")
     ap.add_argument("--eval-every", type=int, default=20)
-    ap.add_argument("--single", type=int, default=4, help="tasks timed one at a time per round")
+    ap.add_argument("--single", type=int, default=0, help="tasks timed one at a time per round, scaled to B (0: all B)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fit-max", type=int, default=8, help="whole fits timed up to this B (steps alone above it)")
     ap.add_argument("--reps", type=int, default=10, help="steps timed alone (after two warm-up steps)")
@@ -132,20 +133,21 @@ def main() -> None:
     from site_lens.stages.training import schedule
 
     prefill = []
-    for tr, va in list(zip(trains, valids))[: args.single]:
+    for tr, va in list(zip(trains, valids))[: args.single or 8]:
         used = sorted({i for b in schedule(len(tr), args.steps, 1, 0) for i in b})
         t0 = time.perf_counter()
         PromptCache(model, [tr[i] for i in used] + list(va))
         prefill.append(time.perf_counter() - t0)
-    prefill_s = statistics.median(prefill)
-    print(f"prefixes of one task's {args.steps} steps' prompts and valid prompts: {prefill_s:.1f} s", flush=True)
+    prefill_s = statistics.mean(prefill)
+    print(f"prefixes of one task's {args.steps} steps' prompts and valid prompts: {prefill_s:.1f} s "
+          f"(mean of the first {len(prefill)} tasks)", flush=True)  # fmt: skip
 
     results = []
     for b in sizes:
         if b > len(tasks):
             print(f"B = {b}: only {len(tasks)} tasks", flush=True)
             continue
-        k = min(args.single, b)
+        k = min(args.single, b) or b
         one, many = [], []
         for r in range(args.rounds if b <= args.fit_max else 0):
             order = [False, True] if r % 2 == 0 else [True, False]
