@@ -6,7 +6,7 @@ For each batch size B (up to ``--fit-max``), the same B FV tasks are trained two
 together (``BatchedAlphaTrainer``, what ``fit_site_many`` runs). The rounds alternate which
 goes first; medians over rounds. One-at-a-time fits every task of the batch (``--single k``
 times only the first k and scales to B: cheaper, but biased where prompt lengths differ, as
-ag_news's 60-token prompts against the 12-16 of the tasks sorted before it). For every B, one training
+ag_news's 58-token prefixes against the 10-14 of the tasks sorted before it). For every B, one training
 step of the B tasks together and of one task alone are timed apart (``--reps`` steps each).
 
 Stage 2's cost does not depend on t's values, so t is stage 1 with few prompts
@@ -133,7 +133,8 @@ def main() -> None:
     from site_lens.stages.training import schedule
 
     prefill = []
-    for tr, va in list(zip(trains, valids))[: args.single or 8]:
+    fitted = [b for b in sizes if b <= args.fit_max]
+    for tr, va in list(zip(trains, valids))[: args.single or max(fitted, default=min(sizes))]:
         used = sorted({i for b in schedule(len(tr), args.steps, 1, 0) for i in b})
         t0 = time.perf_counter()
         PromptCache(model, [tr[i] for i in used] + list(va))
@@ -156,7 +157,8 @@ def main() -> None:
                     many.append(fit_seconds(model, ts[:b], trains[:b], valids[:b], cfg, 0, True))
                 else:
                     one.append(fit_seconds(model, ts[:k], trains[:k], valids[:k], cfg, 0, False) * b / k)
-            print(f"B = {b}, round {r + 1}: one at a time {one[-1]:.1f} s (scaled from {k}), batched {many[-1]:.1f} s",
+            scaled = f" (scaled from {k} tasks)" if k < b else ""
+            print(f"B = {b}, round {r + 1}: one at a time {one[-1]:.1f} s{scaled}, batched {many[-1]:.1f} s",
                   flush=True)  # fmt: skip
         one_s, many_s = (statistics.median(one), statistics.median(many)) if one else (math.nan, math.nan)
         one_ms, many_ms = step_ms(model, ts[:1], trains[:1], args.reps), step_ms(model, ts[:b], trains[:b], args.reps)

@@ -193,6 +193,15 @@ def test_fit_lowers_training_loss(model, task, name):
     assert after < first
 
 
+def test_mtv_without_validation_keeps_its_last_policy(model, task):
+    """eval_every 0 means never validate (the training loop's meaning): the last phi's mask, no best step."""
+    from site_lens.methods import MTVConfig, MultimodalTaskVector
+
+    m = MultimodalTaskVector(MTVConfig(steps=3, batch_size=2, eval_every=0))
+    m.fit(model, task, 0, None)
+    assert m.info["best_step"] == 0 and m.mask is not None and m.mask.shape == (model.cfg.n_layers, model.cfg.n_heads)
+
+
 def test_site_fit_lowers_training_loss(model, task):
     from site_lens.config import SelectionConfig, SiteConfig
     from site_lens.methods import Site

@@ -90,6 +90,28 @@ def generate_greedy(
     return outs, first
 
 
+class UncachedDecoder:
+    """The reference decoder: every step re-runs each row's whole sequence (no KV cache), the prefill hooks at
+    the same absolute positions each time."""
+
+    def __init__(self, model: Model, batch: Sequence[Sequence[int]], prefill_hooks: HookFactory | None):
+        self.model, self.seqs = model, [list(s) for s in batch]
+        _, _, self.last0 = pad_right(self.seqs, pad_id(model), model.cfg.device)
+        self.hooks = prefill_hooks
+
+    def logits(self) -> Float[Tensor, "batch d_vocab"]:
+        """Each row's logits after its sequence so far."""
+        tokens, mask, last = pad_right(self.seqs, pad_id(self.model), self.model.cfg.device)
+        hooks = self.hooks(self.last0) if self.hooks else []
+        return last_logits(self.model, tokens, last, hooks=hooks, attention_mask=mask)
+
+    def step(self, nxt: Tensor, done: Tensor) -> Tensor:
+        """Append each row's token, then every row's next one (finished rows' are ignored by the loop)."""
+        for seq, tok in zip(self.seqs, nxt.tolist()):
+            seq.append(tok)
+        return self.logits().argmax(-1)
+
+
 def decode_greedy(
     decoder: Decoder | UncachedDecoder | None,
     logits: Float[Tensor, "batch d_vocab"],
@@ -128,28 +150,6 @@ def _generate_cached(backend: Backend, model, batch, max_new, prefill_hooks, sto
     hooks = prefill_hooks(last) if prefill_hooks else []
     logits, decoder = backend.prefill(tokens, mask, last, hooks, max_new)
     return decode_greedy(decoder, logits, max_new, stop, finished), logits
-
-
-class UncachedDecoder:
-    """The reference decoder: every step re-runs each row's whole sequence (no KV cache), the prefill hooks at
-    the same absolute positions each time."""
-
-    def __init__(self, model: Model, batch: Sequence[Sequence[int]], prefill_hooks: HookFactory | None):
-        self.model, self.seqs = model, [list(s) for s in batch]
-        _, _, self.last0 = pad_right(self.seqs, pad_id(model), model.cfg.device)
-        self.hooks = prefill_hooks
-
-    def logits(self) -> Float[Tensor, "batch d_vocab"]:
-        """Each row's logits after its sequence so far."""
-        tokens, mask, last = pad_right(self.seqs, pad_id(self.model), self.model.cfg.device)
-        hooks = self.hooks(self.last0) if self.hooks else []
-        return last_logits(self.model, tokens, last, hooks=hooks, attention_mask=mask)
-
-    def step(self, nxt: Tensor, done: Tensor) -> Tensor:
-        """Append each row's token, then every row's next one (finished rows' are ignored by the loop)."""
-        for seq, tok in zip(self.seqs, nxt.tolist()):
-            seq.append(tok)
-        return self.logits().argmax(-1)
 
 
 def _generate_uncached(model, batch, max_new, prefill_hooks, stop, finished=None):

@@ -2,7 +2,7 @@
 
     rows = read_rows(["results/smollm2-135m/rows.csv", "results/seeds/smollm2-135m/rows.csv"])
     method_intervals(rows, ["zero_shot", "icl", "site", "i2cl"])   # mean over tasks and seeds, 95 % interval
-    paired_differences(rows, "site", ["icl", "i2cl"])              # SITE minus each, seed by seed
+    paired_differences(rows, "site", ["icl", "i2cl"])              # SITE minus each, paired by task
     seed_spread(rows, ["icl", "site"])                            # per task: the seeds' mean, sd and range
 
 ``method_intervals`` is over the tasks every named method finished with at least one seed, so

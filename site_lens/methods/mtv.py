@@ -77,7 +77,7 @@ class MultimodalTaskVector(Method):
         cfg = self.cfg
         self.mean_z = ctx.mean_z(model).to(device=model.cfg.device, dtype=model.cfg.dtype)
         train, valid = train_valid_examples(model, task)
-        valid = valid[: cfg.max_valid]
+        valid = valid[: cfg.max_valid] if cfg.eval_every else []  # eval_every 0: never validate, keep the last phi
         gen = torch.Generator().manual_seed(method_seed(seed, self.name))
         rng = random.Random(seed)
         plan = [rng.sample(range(len(train)), min(cfg.batch_size, len(train))) for _ in range(cfg.steps)]
