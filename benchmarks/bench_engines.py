@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from site_lens.config import SelectionConfig
+from site_lens.config import EngineConfig, SelectionConfig
 from site_lens.engine.backend import backend_for
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.models import load_model
@@ -29,7 +29,7 @@ def step_times(model, backend: str, steps: int) -> list[float]:
     c = model.cfg
     ex = make_examples(model, [(f"Q: {w}\nA:", " x") for w in WORDS])
     t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 0.1
-    tr = AlphaTrainer(model, t, SelectionConfig(backend=backend))
+    tr = AlphaTrainer(model, t, SelectionConfig(), engine=EngineConfig(backend=backend))
     cache = PromptCache(model, ex, backend=backend_for(model, backend))
     out = []
     for i in range(steps):

@@ -30,7 +30,7 @@ _API = {
     "analysis.multitask": ("fit_shared",),
     "analysis.sparse": ("fit_sparse", "sparse_path"),
     "atlas": ("Atlas", "AtlasError", "assemble_atlas", "compare_atlases", "load_atlas"),
-    "config": ("EmbeddingConfig", "EvalConfig", "SelectionConfig", "SiteConfig", "SparsityConfig"),
+    "config": ("EmbeddingConfig", "EngineConfig", "EvalConfig", "SelectionConfig", "SiteConfig", "SparsityConfig"),
     "engine.generate": ("generate_greedy",),
     "experiments.run": ("evaluate", "predict", "predict_with_logits", "run_task"),
     "experiments.sweep": ("minimal_sets",),
@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .analysis.multitask import fit_shared
     from .analysis.sparse import fit_sparse, sparse_path
     from .atlas import Atlas, AtlasError, assemble_atlas, compare_atlases, load_atlas
-    from .config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
+    from .config import EmbeddingConfig, EngineConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
     from .engine.generate import generate_greedy
     from .experiments.run import evaluate, predict, predict_with_logits, run_task
     from .experiments.sweep import minimal_sets
@@ -72,6 +72,7 @@ __all__ = [
     "Atlas",
     "AtlasError",
     "EmbeddingConfig",
+    "EngineConfig",
     "EvalConfig",
     "HeadSet",
     "SelectionConfig",

@@ -125,15 +125,35 @@ class SelectionConfig(TrainConfig):
     max_valid: int = 100  # valid items used for model selection (the first ones)
     theta_init: float = 0.0  # alpha starts at sigmoid(0) = 0.5
     keep_best: bool = True  # restore the theta with the lowest valid loss
-    fast: bool = True  # cached prefixes: run only the last prompt token per step (--no-fast: whole prompts)
-    backend: str = "auto"  # fast path's backend: auto (packed where the model allows), hooked or packed
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not math.isfinite(self.theta_init):
             raise ConfigError(f"SelectionConfig.theta_init must be finite, got {self.theta_init}")
-        if self.backend not in ("auto", "hooked", "packed"):
-            raise ConfigError(f"SelectionConfig.backend must be auto, hooked or packed, got {self.backend!r}")
+
+
+BACKENDS = ("auto", "hooked", "packed")
+
+
+@dataclass
+class EngineConfig(_Config):
+    """How the training steps run, not what they compute (the paths agree to float rounding; tests check it).
+
+    Example:
+        >>> EngineConfig().backend
+        'auto'
+        >>> EngineConfig(backend="gpu")
+        Traceback (most recent call last):
+        ...
+        site_lens.config.ConfigError: EngineConfig.backend must be auto, hooked or packed, got 'gpu'
+    """
+
+    fast: bool = True  # cached prefixes: run only the last prompt token per step (--no-fast: whole prompts)
+    backend: str = "auto"  # fast path's backend: auto (packed where the model allows), hooked or packed
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"EngineConfig.backend must be {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, got {self.backend!r}")
 
 
 @dataclass
@@ -203,6 +223,20 @@ class SiteConfig(_Config):
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SiteConfig:
+        """``to_dict``'s form; configs saved when ``fast`` and ``backend`` sat in ``selection`` read the same."""
+        if isinstance(d, dict) and isinstance(d.get("selection"), dict):
+            moved = {k: d["selection"][k] for k in ("fast", "backend") if k in d["selection"]}
+            if moved:
+                engine = d.get("engine") or {}
+                if not isinstance(engine, dict) or set(moved) & set(engine):
+                    raise ConfigError(f"SiteConfig: {sorted(moved)} given in both selection and engine")
+                d = {**d, "selection": {k: v for k, v in d["selection"].items() if k not in moved}}
+                d["engine"] = {**engine, **moved}
+        return super().from_dict(d)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # each stage's part must be its config (``from_dict`` builds them from dicts)
@@ -251,7 +285,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
     group = parser.add_argument_group(title or cls.__name__)
     helps = field_help(cls)
     for f in fields(cls):
-        if f.type in ("EmbeddingConfig", "SelectionConfig", "EvalConfig"):  # SiteConfig's parts: their own groups
+        if _is_config(f.default_factory):  # SiteConfig's parts: their own groups
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
         # other names of the flag, e.g. --limit for --max-test (lm-evaluation-harness's name)
@@ -283,11 +317,12 @@ def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every field of SiteConfig and its three stage configs as flags."""
+    """Every field of SiteConfig and of its parts (three stages and the engine) as flags."""
     add_arguments(parser, SiteConfig, "run")
     add_arguments(parser, EmbeddingConfig, "stage 1: task embedding")
     add_arguments(parser, SelectionConfig, "stage 2: alpha training")
     add_arguments(parser, EvalConfig, "stage 3: generation and scoring")
+    add_arguments(parser, EngineConfig, "engine: how the training steps run")
 
 
 def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
@@ -298,4 +333,5 @@ def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
         embedding=from_args(EmbeddingConfig, args),
         selection=from_args(SelectionConfig, args),
         eval=from_args(EvalConfig, args),
+        engine=from_args(EngineConfig, args),
     )

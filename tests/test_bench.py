@@ -233,13 +233,18 @@ def test_sigkill_mid_task_then_resume_equals_uninterrupted(data, tmp_path):
 
 
 def test_row_spec_keys_each_method_on_what_changes_its_numbers():
-    from site_lens.config import EmbeddingConfig, SelectionConfig
+    from site_lens.config import EmbeddingConfig, EngineConfig, SelectionConfig
 
     default = SiteConfig(eval=EvalConfig(max_test=50))
     old = {"model": "m", "max_test": 50, "max_new_tokens": 20}  # the spec of rows made before settings were recorded
     assert all(bench.row_spec("m", default, m) == old for m in ("zero_shot", "icl", "site", "lora"))
-    steps = SiteConfig(selection=SelectionConfig(steps=7, backend="hooked"), eval=EvalConfig(max_test=50, batch_size=3))
+    steps = SiteConfig(
+        selection=SelectionConfig(steps=7), eval=EvalConfig(max_test=50, batch_size=3), engine=EngineConfig(backend="hooked")
+    )
     assert bench.row_spec("m", steps, "site")["settings"] == {"selection.steps": 7}  # backend, batch sizes: no effect
+    naive = SiteConfig(eval=EvalConfig(max_test=50), engine=EngineConfig(fast=False))
+    assert bench.row_spec("m", naive, "site")["settings"] == {"engine.fast": False}  # whole prompts: kept apart
+    assert bench.row_spec("m", naive, "icl") == old
     assert bench.row_spec("m", steps, "zero_shot") == old  # SITE's budget does not touch the other rows
     shots = SiteConfig(embedding=EmbeddingConfig(n_shots=3), eval=EvalConfig(max_test=50))
     assert bench.row_spec("m", shots, "icl")["settings"] == {"embedding.n_shots": 3}

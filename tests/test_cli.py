@@ -76,19 +76,21 @@ def test_write_json_atomic_leaves_no_temp(tmp_path):
 
 
 def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help():
-    from dataclasses import fields
+    from dataclasses import MISSING, fields
 
     from site_lens.cli import build_parser
-    from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig, field_help
+    from site_lens.config import SiteConfig, field_help
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
+    parts = {f.name: f.default_factory for f in fields(SiteConfig) if f.default_factory is not MISSING}
+    assert set(parts) == {"embedding", "selection", "eval", "engine"}
     for command in ("run", "bench"):
         actions = {a.dest: a for a in sub[command]._actions}
-        for cls in (SiteConfig, EmbeddingConfig, SelectionConfig, EvalConfig):
+        for cls in (SiteConfig, *parts.values()):
             helps = field_help(cls)
             for f in fields(cls):
-                if f.name in ("embedding", "selection", "eval"):
+                if f.name in parts:
                     continue
                 action = actions[f"{cls.__name__}.{f.name}"]
                 assert helps[f.name] and action.help.startswith(helps[f.name]), (command, f.name)
@@ -96,7 +98,7 @@ def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help(
     from site_lens.config import site_config_from_args
 
     cfg = site_config_from_args(args)
-    assert (cfg.selection.steps, cfg.selection.keep_best, cfg.selection.backend, cfg.embedding.n_shots) == (7, False, "hooked", 3)
+    assert (cfg.selection.steps, cfg.selection.keep_best, cfg.engine.backend, cfg.embedding.n_shots) == (7, False, "hooked", 3)
     assert cfg.eval.max_test == 100  # one default for every subcommand
     assert site_config_from_args(parser.parse_args(["run", "--task", "x"])).eval.max_test == 100
     assert site_config_from_args(parser.parse_args(["run", "--task", "x", "--max-test", "all"])).eval.max_test is None

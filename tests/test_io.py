@@ -85,3 +85,20 @@ def test_site_config_round_trips_and_fills_missing_parts():
     assert SiteConfig.from_dict({"embedding": EmbeddingConfig(n_shots=4)}).embedding.n_shots == 4
     with pytest.raises(ConfigError, match="EvalConfig.from_dict needs a dict, got int"):
         SiteConfig.from_dict({"eval": 3})
+
+
+def test_site_config_reads_fast_and_backend_saved_under_selection():
+    """Configs saved when the engine's two fields sat in SelectionConfig load with them in EngineConfig."""
+    from site_lens.config import ConfigError, EngineConfig, SelectionConfig, SiteConfig
+
+    old = {"seed": 2, "selection": {"steps": 9, "fast": False, "backend": "hooked"}}
+    assert SiteConfig.from_dict(old) == SiteConfig(
+        seed=2, selection=SelectionConfig(steps=9), engine=EngineConfig(fast=False, backend="hooked")
+    )
+    assert old["selection"]["fast"] is False  # the caller's dict is left as it was
+    with pytest.raises(ConfigError, match=r"\['backend'\] given in both selection and engine"):
+        SiteConfig.from_dict({"selection": {"backend": "hooked"}, "engine": {"backend": "packed"}})
+    with pytest.raises(ConfigError, match="EngineConfig.backend must be auto, hooked or packed, got 'gpu'"):
+        SiteConfig.from_dict({"engine": {"backend": "gpu"}})
+    with pytest.raises(ConfigError, match=r"SelectionConfig: unknown keys \['fast'\]"):
+        SelectionConfig.from_dict({"fast": True})  # the stage-2 config alone has no engine field

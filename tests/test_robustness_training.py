@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import site_lens.stages.embeddings as emb
-from site_lens.config import ConfigError, EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from site_lens.config import ConfigError, EmbeddingConfig, EngineConfig, EvalConfig, SelectionConfig, SiteConfig
 from site_lens.experiments.run import evaluate, run_task
 from site_lens.gate import z_names
 from site_lens.methods import fit_site
@@ -52,8 +52,8 @@ class Poison:
 def _fit_with_nan_after(model, k: int, fast: bool, valid: bool, keep_best: bool):
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = make_examples(model, [(f"Q: {w}\nA:", w[::-1]) for w in WORDS])
-    cfg = SelectionConfig(steps=10, eval_every=2, fast=fast, keep_best=keep_best)
-    tr = AlphaTrainer(model, t, cfg, seed=1)
+    cfg = SelectionConfig(steps=10, eval_every=2, keep_best=keep_best)
+    tr = AlphaTrainer(model, t, cfg, seed=1, engine=EngineConfig(fast=fast))
     poison, thetas = Poison(), {0: tr.gate.theta.detach().clone()}
     poison.on = k == 0
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from site_lens.config import SelectionConfig
+from site_lens.config import EngineConfig, SelectionConfig
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tokens import make_examples
@@ -42,7 +42,7 @@ def test_fit_freezes_a_trainable_model_for_its_run(fast):
     model.requires_grad_(True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head) * 3
-    tr = AlphaTrainer(model, t, SelectionConfig(steps=5, eval_every=2, fast=fast))
+    tr = AlphaTrainer(model, t, SelectionConfig(steps=5, eval_every=2), engine=EngineConfig(fast=fast))
     ex = _examples(model, WORDS)
     tr.fit(ex[:7], ex[7:])
     assert tr.gate.theta.grad is not None and not torch.equal(tr.gate.theta, torch.zeros_like(tr.gate.theta))
@@ -110,8 +110,8 @@ def test_naive_fit_with_one_row_chunks_matches_whole_batches(model, monkeypatch)
 
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     ex = _examples(model, WORDS[:6] + ["elephant", "ox"])
-    cfg = SelectionConfig(steps=4, batch_size=4, eval_every=0, fast=False)
-    whole = AlphaTrainer(model, t, cfg).fit(ex).theta.detach().clone()
+    cfg, naive = SelectionConfig(steps=4, batch_size=4, eval_every=0), EngineConfig(fast=False)
+    whole = AlphaTrainer(model, t, cfg, engine=naive).fit(ex).theta.detach().clone()
     monkeypatch.setattr(selection, "GRAD_CELLS", 1)  # every chunk a single row
     rows = []
     real = selection.last_logits
@@ -121,7 +121,7 @@ def test_naive_fit_with_one_row_chunks_matches_whole_batches(model, monkeypatch)
         return real(model, tokens, *args, **kwargs)
 
     monkeypatch.setattr(selection, "last_logits", counting)
-    chunked = AlphaTrainer(model, t, cfg).fit(ex).theta.detach()
+    chunked = AlphaTrainer(model, t, cfg, engine=naive).fit(ex).theta.detach()
     assert rows == [1] * (cfg.steps * cfg.batch_size)
     assert not torch.equal(whole, torch.zeros_like(whole))  # it trained
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-4)

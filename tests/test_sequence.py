@@ -5,7 +5,7 @@ from functools import partial
 import pytest
 import torch
 
-from site_lens.config import ConfigError, SelectionConfig
+from site_lens.config import ConfigError, EngineConfig, SelectionConfig
 from site_lens.engine.backend import backend_for
 from site_lens.gate import injection_hooks
 from site_lens.models.engines import is_bridge
@@ -135,8 +135,8 @@ def test_training_with_the_sequence_objective_fast_equals_naive(model):
     ex = sequence_examples(model, _pairs(WORDS))
     thetas = []
     for fast, backend, used in [(True, "auto", "packed"), (True, "hooked", "hooked"), (False, "auto", "hooked")]:
-        cfg = SelectionConfig(steps=6, eval_every=3, objective="sequence", fast=fast, backend=backend)
-        tr = AlphaTrainer(model, t, cfg, seed=1)
+        cfg = SelectionConfig(steps=6, eval_every=3, objective="sequence")
+        tr = AlphaTrainer(model, t, cfg, seed=1, engine=EngineConfig(fast=fast, backend=backend))
         thetas.append(tr.fit(ex[:6], ex[6:]).theta.detach())
         assert tr.backend_used.name == _name(model, used)  # cached prefixes on packed weights where the model allows
     assert torch.allclose(thetas[0], thetas[2], atol=1e-4) and torch.allclose(thetas[1], thetas[2], atol=1e-4)

@@ -8,7 +8,7 @@ import torch
 
 from site_lens.adapter import AdapterError, load_adapter, save_adapter
 from site_lens.analysis.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
-from site_lens.config import ConfigError, SelectionConfig, SparsityConfig
+from site_lens.config import ConfigError, EngineConfig, SelectionConfig, SparsityConfig
 from site_lens.gate import AlphaGate, GateSpec, HardConcreteGate
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import Task
@@ -34,10 +34,10 @@ def _task():
 @pytest.mark.parametrize("fast", [True, False])
 def test_l1_at_weight_zero_is_site_exactly(model, fast):
     ex = _examples(model)
-    cfg = SelectionConfig(steps=25, eval_every=10, fast=fast)
-    site = AlphaTrainer(model, _t(model), cfg, seed=3)
+    cfg, engine = SelectionConfig(steps=25, eval_every=10), EngineConfig(fast=fast)
+    site = AlphaTrainer(model, _t(model), cfg, seed=3, engine=engine)
     site.fit(ex[:7], ex[7:])
-    sparse = SparseTrainer(model, _t(model), cfg, SparsityConfig("l1", 0.0), seed=3)
+    sparse = SparseTrainer(model, _t(model), cfg, SparsityConfig("l1", 0.0), seed=3, engine=engine)
     sparse.fit(ex[:7], ex[7:])
     assert torch.equal(site.gate.theta, sparse.gate.theta)
     assert site.history.loss == sparse.history.loss
@@ -183,7 +183,7 @@ def test_sparsity_config_checks():
 
 def test_l0_needs_the_fast_path(model):
     with pytest.raises(ConfigError, match="fast path"):
-        SparseTrainer(model, _t(model), SelectionConfig(fast=False), SparsityConfig("l0", 0.1))
+        SparseTrainer(model, _t(model), SelectionConfig(), SparsityConfig("l0", 0.1), engine=EngineConfig(fast=False))
 
 
 def test_gate_defaults_are_site():

@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..config import ConfigError, SelectionConfig
+from ..config import ConfigError, EngineConfig, SelectionConfig
 from ..engine.backend import backend_for
 from ..engine.prompt_cache import PromptCache
 from ..gate import AlphaGate
@@ -50,6 +50,7 @@ def fit_shared(
     tasks: Mapping[str, Task],
     cfg: SelectionConfig | None = None,
     seed: int = 0,
+    engine: EngineConfig | None = None,
 ) -> SharedFit:
     """Train one theta over every task in ``tasks`` (``ts[name]`` is that task's t); fast path only.
 
@@ -77,7 +78,7 @@ def fit_shared(
     dev, dt = model.cfg.device, model.cfg.dtype
     t0 = time.perf_counter()
     gate = AlphaGate(model.cfg.n_layers, model.cfg.n_heads, cfg.theta_init).to(dev)
-    backend = backend_for(model, cfg.backend)
+    backend = backend_for(model, (engine or EngineConfig()).backend)
     per_task = []
     with frozen(model):
         for name in names:

@@ -36,7 +36,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..adapter import Adapter
-from ..config import ConfigError, SelectionConfig, SiteConfig, SparsityConfig
+from ..config import ConfigError, EngineConfig, SelectionConfig, SiteConfig, SparsityConfig
 from ..gate import AlphaGate, HardConcreteGate
 from ..models import model_identity
 from ..models.engines import Model
@@ -61,12 +61,13 @@ class SparseTrainer(AlphaTrainer):
         sparsity: SparsityConfig | None = None,
         seed: int = 0,
         theta: Float[Tensor, "layer head_index"] | None = None,
+        engine: EngineConfig | None = None,
     ):
-        cfg = cfg or SelectionConfig()
+        cfg, engine = cfg or SelectionConfig(), engine or EngineConfig()
         self.sparsity = sparsity or SparsityConfig()
         n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
         if self.sparsity.penalty == "l0":
-            if not cfg.fast:
+            if not engine.fast:
                 raise ConfigError("the l0 penalty trains on the fast path only (its gate draws noise per step)")
             gate: AlphaGate = HardConcreteGate(n_layers, n_heads, cfg.theta_init, beta=self.sparsity.beta)
         else:
@@ -74,7 +75,7 @@ class SparseTrainer(AlphaTrainer):
         if theta is not None:
             with torch.no_grad():
                 gate.theta.copy_(theta)
-        super().__init__(model, t, cfg, seed, gate=gate)
+        super().__init__(model, t, cfg, seed, gate=gate, engine=engine)
         self.generator = torch.Generator(device=model.cfg.device).manual_seed(seed)
 
     def penalty(self) -> Tensor:
@@ -158,7 +159,7 @@ def fit_sparse(
         t = task_embedding(model, task, cfg.embedding, cfg.seed)
     train, valid = examples or train_valid_examples(model, task)
     t0 = time.perf_counter()
-    trainer = SparseTrainer(model, t, cfg.selection, sparsity, seed=cfg.seed, theta=theta)
+    trainer = SparseTrainer(model, t, cfg.selection, sparsity, seed=cfg.seed, theta=theta, engine=cfg.engine)
     gate = trainer.fit(train, valid)
     seconds = time.perf_counter() - t0
     adapter = Adapter(

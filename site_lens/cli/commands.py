@@ -105,8 +105,8 @@ def _check_backend(model, cfg) -> None:
     """A backend asked for that the model cannot run fails now, not after stage 1."""
     from ..engine.backend import backend_for
 
-    if cfg.selection.fast and cfg.selection.backend != "auto":
-        backend_for(model, cfg.selection.backend)
+    if cfg.engine.fast and cfg.engine.backend != "auto":
+        backend_for(model, cfg.engine.backend)
 
 
 def _check_task(task, cfg) -> None:

@@ -18,7 +18,7 @@ _EMBEDDING_USERS = {
     "mtv": ("n_prompts", "n_shots"),
     "icl": ("n_shots",),
 }
-_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "fast", "objective")
+_SELECTION = ("steps", "lr", "batch_size", "theta_init", "eval_every", "max_valid", "keep_best", "objective")
 
 
 def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float32") -> dict[str, Any]:
@@ -44,6 +44,8 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
         for k in _SELECTION:
             if getattr(cfg.selection, k) != getattr(default.selection, k):
                 changed[f"selection.{k}"] = getattr(cfg.selection, k)
+        if not cfg.engine.fast:  # whole prompts: the same numbers up to float rounding, kept apart all the same
+            changed["engine.fast"] = False
     if changed:
         spec["settings"] = changed
     return spec

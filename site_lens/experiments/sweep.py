@@ -317,7 +317,7 @@ def run_shared(
         if not is_done(folder):
             raise FileNotFoundError(f"{folder}: run the task's minimal-set study (seed {seed}) before the shared gate")
         dense[task.name] = load_adapter(folder / "adapter")
-    fit = fit_shared(model, {n: a.t for n, a in dense.items()}, {t.name: t for t in tasks}, cfg.selection, seed)
+    fit = fit_shared(model, {n: a.t for n, a in dense.items()}, {t.name: t for t in tasks}, cfg.selection, seed, cfg.engine)
     frames = []
     for task in tasks:
         a = dense[task.name]

@@ -97,7 +97,7 @@ def fit_site(
     seconds["embedding"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     train, valid = train_valid_examples(model, task, cfg.selection.objective)
-    trainer = AlphaTrainer(model, t, cfg.selection, seed=cfg.seed)
+    trainer = AlphaTrainer(model, t, cfg.selection, seed=cfg.seed, engine=cfg.engine)
     gate = trainer.fit(train, valid, progress=progress)
     seconds["selection"] = time.perf_counter() - t0
     backend = describe(trainer.backend_used)
@@ -119,6 +119,7 @@ def _adapter(
             "seed": cfg.seed,
             "embedding": cfg.embedding.to_dict(),
             "selection": cfg.selection.to_dict(),
+            "engine": cfg.engine.to_dict(),
             "history": history.to_dict(),
             "backend": backend,
             **meta,
@@ -160,7 +161,7 @@ def fit_site_many(
         trains.append(train)
         valids.append(valid)
     t0 = time.perf_counter()
-    trainer = BatchedAlphaTrainer(model, ts, cfg.selection, seed=cfg.seed)
+    trainer = BatchedAlphaTrainer(model, ts, cfg.selection, seed=cfg.seed, engine=cfg.engine)
     histories = trainer.fit(trains, valids, progress=progress)
     share = (time.perf_counter() - t0) / len(ts)
     assert trainer.backend_used is not None

@@ -12,8 +12,8 @@ earlier position's keys and values do not depend on alpha. They are computed
 once per prompt (``prompt_cache.PromptCache``) and each step runs only the last
 token (with the teacher-forced objectives, the last token and the answer
 tokens: ``objectives.SequenceCache``) against them, on the model's backend (packed weights where the model
-allows, the hooked model otherwise; ``SelectionConfig.backend``). The naive
-path (``fast=False``) runs whole prompts through the hooked model; tests
+allows, the hooked model otherwise; ``EngineConfig.backend``). The naive
+path (``EngineConfig(fast=False)``) runs whole prompts through the hooked model; tests
 check all of them agree.
 """
 
@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..config import TEACHER_FORCED, SelectionConfig
+from ..config import TEACHER_FORCED, EngineConfig, SelectionConfig
 from ..engine.backend import Backend, backend_for
 from ..engine.prompt_cache import PromptCache
 from ..gate import AlphaGate
@@ -61,9 +61,11 @@ class AlphaTrainer:
         cfg: SelectionConfig | None = None,
         seed: int = 0,
         gate: AlphaGate | None = None,
+        engine: EngineConfig | None = None,
     ):
         self.model = model
         self.cfg = cfg or SelectionConfig()
+        self.engine = engine or EngineConfig()
         self.seed = seed
         self.t = t.to(device=model.cfg.device, dtype=model.cfg.dtype)
         self.gate = gate if gate is not None else AlphaGate(model.cfg.n_layers, model.cfg.n_heads, self.cfg.theta_init)
@@ -112,8 +114,8 @@ class AlphaTrainer:
         return self._penalised(cache.loss(indices, alpha, self.t))
 
     def backend(self) -> Backend:
-        """The backend the fast path runs on (``SelectionConfig.backend``; 'auto' chooses per model)."""
-        return backend_for(self.model, self.cfg.backend)  # 'auto' defers to use_backend(model, ...)
+        """The backend the fast path runs on (``EngineConfig.backend``; 'auto' chooses per model)."""
+        return backend_for(self.model, self.engine.backend)  # 'auto' defers to use_backend(model, ...)
 
     def _cache(self, examples: Sequence[Example], backend: Backend) -> PromptCache | SequenceCache:
         if self.cfg.objective in TEACHER_FORCED:
@@ -140,7 +142,7 @@ class AlphaTrainer:
         plan = self.schedule(len(train))
         validate = bool(valid and cfg.eval_every)
         with frozen(self.model):
-            if cfg.fast:
+            if self.engine.fast:
                 backend = self.backend()
                 self.backend_used = backend
                 used = sorted({i for b in plan for i in b})

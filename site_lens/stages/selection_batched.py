@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from ..config import ConfigError, SelectionConfig
+from ..config import ConfigError, EngineConfig, SelectionConfig
 from ..engine.backend import Backend, backend_for
 from ..engine.prompt_cache import PromptCache
 from ..models.engines import Model
@@ -58,13 +58,15 @@ class BatchedAlphaTrainer:
         ts: Sequence[Float[Tensor, "layer head_index d_head"]],
         cfg: SelectionConfig | None = None,
         seed: int = 0,
+        engine: EngineConfig | None = None,
     ):
         self.model = model
         self.cfg = cfg or SelectionConfig()
-        if self.cfg.objective != "first_token" or not self.cfg.fast:
+        self.engine = engine or EngineConfig()
+        if self.cfg.objective != "first_token" or not self.engine.fast:
             raise ConfigError(
                 "the batched fit runs the fast path on the first answer token only, "
-                f"got objective {self.cfg.objective!r}, fast={self.cfg.fast}"
+                f"got objective {self.cfg.objective!r}, fast={self.engine.fast}"
             )
         if not ts:
             raise ValueError("BatchedAlphaTrainer needs at least one task embedding")
@@ -119,7 +121,7 @@ class BatchedAlphaTrainer:
         validate = bool(cfg.eval_every) and any(valids)  # a task without valid items does not validate
         plans = [schedule(len(tr), cfg.steps, cfg.batch_size, self.seed) for tr in trains]
         with frozen(self.model):
-            backend = self.backend_used = backend_for(self.model, cfg.backend)
+            backend = self.backend_used = backend_for(self.model, self.engine.backend)
             window: dict[str, Any] = {"step": 0}
 
             def cache_from(first: int) -> None:
