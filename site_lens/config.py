@@ -14,6 +14,7 @@ import argparse
 import inspect
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -210,6 +211,71 @@ class SparsityConfig(_Config):
 
 
 @dataclass
+class MinimalConfig(_Config):
+    """``sparsify``'s study per (task, seed): sparse SITE along a path of penalty weights against top-k head sets.
+
+    Example:
+        >>> MinimalConfig(penalties=("l0",)).weights()
+        {'l0': (0.003, 0.01, 0.03, 0.1, 0.3)}
+        >>> MinimalConfig(weights_l1=(0.1, 0.01))
+        Traceback (most recent call last):
+        ...
+        site_lens.config.ConfigError: MinimalConfig.weights_l1 must be numbers >= 0 in increasing order, got 0.1,0.01
+    """
+
+    penalties: Sequence[str] = ("l0", "l1")  # l0, l1 or both
+    weights_l0: Sequence[float] = SPARSE_WEIGHTS["l0"]  # l0 weights along the warm-started path, nats per open head
+    weights_l1: Sequence[float] = SPARSE_WEIGHTS["l1"]  # l1 weights along the warm-started path
+    path_steps: int = 100  # steps per weight along the warm-started path
+    ks: Sequence[int] = K_GRID  # k grid of the rankings, plus every head
+    draws: int = 2  # random k-sets per k
+    score_valid: int | None = 100  # valid items that score the head sets, to choose k, weight and threshold
+    shared: bool = False  # also train one alpha over all the tasks (first seed's t per task)
+
+    def __post_init__(self) -> None:
+        for name in ("penalties", "weights_l0", "weights_l1", "ks"):  # kept as tuples, whatever sequence came
+            setattr(self, name, tuple(getattr(self, name)))
+        bad = [p for p in self.penalties if p not in ("l0", "l1")]
+        if bad or not self.penalties:
+            raise ConfigError(f"MinimalConfig.penalties must be l0, l1 or both, got {','.join(self.penalties) or 'none'}")
+        for name in ("weights_l0", "weights_l1"):
+            ws = getattr(self, name)
+            if not ws or list(ws) != sorted(ws) or min(ws) < 0 or not all(map(math.isfinite, ws)):
+                raise ConfigError(f"MinimalConfig.{name} must be numbers >= 0 in increasing order, got {','.join(map(str, ws))}")
+        if not self.ks or min(self.ks) < 1:
+            raise ConfigError(f"MinimalConfig.ks must be positive integers, got {','.join(map(str, self.ks))}")
+        if self.path_steps < 1 or self.draws < 0:
+            raise ConfigError(f"MinimalConfig: path_steps must be >= 1 and draws >= 0, got {self.path_steps}, {self.draws}")
+        if self.score_valid is not None and self.score_valid < 1:
+            raise ConfigError(f"MinimalConfig.score_valid must be >= 1 or all, got {self.score_valid}")
+
+    def weights(self) -> dict[str, Sequence[float]]:
+        """Each chosen penalty's weights."""
+        return {p: getattr(self, f"weights_{p}") for p in ("l0", "l1") if p in self.penalties}
+
+
+@dataclass
+class AnalyseConfig(_Config):
+    """``analyse``: patching, CIE and transfer over fitted runs.
+
+    Example:
+        >>> AnalyseConfig().draws
+        5
+    """
+
+    max_test: int | None = field(default=100, metadata={"aliases": ("limit",)})  # test items for patching and transfer
+    cie_prompts: int = 25  # shuffled-label prompts for the CIE
+    draws: int = 5  # random head sets per k of the patching curves
+
+    def __post_init__(self) -> None:
+        if (self.max_test is not None and self.max_test < 1) or self.cie_prompts < 1 or self.draws < 0:
+            raise ConfigError(
+                f"AnalyseConfig: max_test and cie_prompts must be >= 1 and draws >= 0, got {self.max_test}, "
+                f"{self.cie_prompts}, {self.draws}"
+            )
+
+
+@dataclass
 class SiteConfig(_Config):
     """Everything one SITE run depends on.
 
@@ -271,13 +337,28 @@ def int_or_all(text: str) -> int | None:
 
 
 def _parse(kind: str):
+    items = re.fullmatch(r"Sequence\[(\w+)\]", kind)  # a comma list, e.g. --ks 1,2,4
+
     def parse(text: str):
+        if items:
+            one = {"int": int, "float": float, "str": str}[items.group(1)]
+            try:
+                return tuple(one(s.strip()) for s in text.split(",") if s.strip())
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected a comma list of {items.group(1)}s, got '{text}'") from None
         if kind == "int | None":  # an optional count (max_test): 'all' for None
             return int_or_all(text)
         return {"int": int, "float": float, "str": str}[kind.split("|")[0].strip()](text)
 
-    parse.__name__ = kind.split("|")[0].strip()  # argparse names the type in its errors
+    parse.__name__ = f"comma list of {items.group(1)}" if items else kind.split("|")[0].strip()  # in argparse's errors
     return parse
+
+
+def _shown(default: Any) -> str:
+    """A default as the flag takes it: 'all' for None, a comma list for a tuple."""
+    if default is None:
+        return "all"
+    return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
@@ -299,8 +380,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
                 flag, *aliases, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text + shown
             )
         else:
-            shown = "" if "default" in text else f" (default: {'all' if default is None else default})"
+            shown = "" if "default" in text else f" (default: {_shown(default)})"
             metavar = "N|all" if "None" in str(f.type) else flag[2:].upper().replace("-", "_")
+            metavar = "A,B,..." if str(f.type).startswith("Sequence[") else metavar
             group.add_argument(
                 flag, *aliases, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown
             )

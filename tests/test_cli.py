@@ -102,7 +102,7 @@ def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help(
     assert cfg.eval.max_test == 100  # one default for every subcommand
     assert site_config_from_args(parser.parse_args(["run", "--task", "x"])).eval.max_test == 100
     assert site_config_from_args(parser.parse_args(["run", "--task", "x", "--max-test", "all"])).eval.max_test is None
-    assert parser.parse_args(["analyse", "--runs", "r"]).max_test == 100
+    assert getattr(parser.parse_args(["analyse", "--runs", "r"]), "AnalyseConfig.max_test") == 100
 
 
 def test_version_and_verbose_after_the_subcommand(capsys):
@@ -280,9 +280,38 @@ def test_sparsify_writes_resumable_folders_a_summary_and_the_shared_gate(tmp_pat
     done.write_text(json.dumps(info))
     assert main(argv) == 0 and "done already" in capsys.readouterr().out
     assert main([*argv, "--penalties", "l2"]) == 2
-    assert "unknown penalty" in capsys.readouterr().err
+    assert "MinimalConfig.penalties must be l0, l1 or both, got l2" in capsys.readouterr().err
     assert main(["figures", "--sparse", str(out), "--out", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "fig" / "minimal_k_recovery_em.html").is_file()
+
+
+def test_sparsify_and_analyse_flags_are_their_configs_fields():
+    """Each field of MinimalConfig / AnalyseConfig is a flag of sparsify / analyse, help and default from the class."""
+    from dataclasses import fields
+
+    from site_lens.cli import build_parser
+    from site_lens.config import AnalyseConfig, MinimalConfig, field_help, from_args
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    for command, cls in (("sparsify", MinimalConfig), ("analyse", AnalyseConfig)):
+        actions = {a.dest: a for a in sub[command]._actions}
+        helps = field_help(cls)
+        for f in fields(cls):
+            action = actions[f"{cls.__name__}.{f.name}"]
+            assert helps[f.name] and action.help.startswith(helps[f.name]), (command, f.name)
+    args = parser.parse_args(["sparsify", "--tasks", "x", "--ks", "1,4", "--weights-l1", "0,0.5", "--shared"])
+    assert from_args(MinimalConfig, args) == MinimalConfig(ks=[1, 4], weights_l1=(0.0, 0.5), shared=True)
+    assert MinimalConfig(ks=[1, 4]).ks == (1, 4)  # any sequence given, a tuple kept (as the flags give)
+    assert "(default: 1,2,4,8,16,32,64,128)" in actions_help(sub["sparsify"], "MinimalConfig.ks")
+    assert from_args(AnalyseConfig, parser.parse_args(["analyse", "--runs", "r", "--limit", "all"])).max_test is None
+    assert from_args(AnalyseConfig, parser.parse_args(["analyse", "--runs", "r"])) == AnalyseConfig()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sparsify", "--tasks", "x", "--ks", "1,two"])
+
+
+def actions_help(parser, dest: str) -> str:
+    return next(a.help for a in parser._actions if a.dest == dest)
 
 
 def test_limit_is_an_alias_of_max_test():
@@ -293,7 +322,7 @@ def test_limit_is_an_alias_of_max_test():
     for argv in (["run", "--task", "x"], ["demo"], ["bench"], ["sparsify", "--tasks", "x"]):
         assert site_config_from_args(parser.parse_args([*argv, "--limit", "7"])).eval.max_test == 7, argv
         assert site_config_from_args(parser.parse_args([*argv, "--limit", "all"])).eval.max_test is None, argv
-    assert parser.parse_args(["analyse", "--runs", "r", "--limit", "5"]).max_test == 5
+    assert getattr(parser.parse_args(["analyse", "--runs", "r", "--limit", "5"]), "AnalyseConfig.max_test") == 5
 
 
 def test_tasks_json_lists_names_categories_counts_and_sources(tmp_path, capsys):

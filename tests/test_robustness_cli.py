@@ -76,7 +76,6 @@ USAGE_ERRORS = [
     ["run", "--task", "opposites", "--max-test", "some"],
     ["bench", "--seeds", "0,x"],
     ["bench", "--seeds", ","],
-    ["analyse", "--runs", "r", "--max-test", "0"],
     ["run", "--task", "opposites", "--tasks", "opposites"],  # demo's option on run
     ["run", "--task", "opposites", "--figures", "f"],
     ["run", "--task", "opposites", "extra-positional"],
@@ -119,6 +118,9 @@ BAD_VALUES = [
     (["run", "--task", "opposites", "--batch-size", "0"], "batch_size must be >= 1"),
     (["run", "--task", "opposites", "--max-test", "0"], "max_test must be >= 1"),
     (["run", "--task", "opposites", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    (["analyse", "--runs", "/no/such/runs", "--max-test", "0"], "max_test and cie_prompts must be >= 1"),
+    (["sparsify", "--tasks", "opposites", "--weights-l0", "0.1,0.01"], "weights_l0 must be numbers >= 0 in increasing"),
+    (["sparsify", "--tasks", "opposites", "--ks", "0,2"], "ks must be positive integers"),
     (["run", "--task", "opposites", "--shots", "10000"], "10001 are needed"),
     (["run", "--task", ""], "unknown task ''"),
     (["run", "--task", "antonym", "--data", "."], "unknown task 'antonym' in"),

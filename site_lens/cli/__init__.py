@@ -15,9 +15,9 @@ import sys
 import textwrap
 
 from .._version import __version__
-from ..config import K_GRID, SPARSE_WEIGHTS
+from ..config import AnalyseConfig, MinimalConfig, add_arguments
 from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
-from .args import comma_list, float_list, int_list, positive_int, positive_int_or_all, seed_list
+from .args import comma_list, positive_int, seed_list
 from .atlas import add_atlas_parsers
 from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
 from .data import add_data_parsers
@@ -267,16 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model_args(p, default=None)
     data_arg(p)
-    p.add_argument(
-        "--max-test",
-        "--limit",
-        type=positive_int_or_all,
-        default=100,
-        metavar="N|all",
-        help="test items for patching and transfer (default: 100)",
-    )
-    p.add_argument("--cie-prompts", type=int, default=25, help="shuffled-label prompts for the CIE (default: 25)")
-    p.add_argument("--draws", type=int, default=5, help="random head sets per k (default: 5)")
+    add_arguments(p, AnalyseConfig, "analyses")
     p.add_argument("--redo", action="store_true", help="recompute analyses that already exist")
 
     p = add(
@@ -289,44 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, help="'all' or a comma list of task names")
     p.add_argument("--seeds", type=seed_list, default=None, help="comma list of seeds, e.g. 0,1,2 (default: --seed)")
     p.add_argument("--out", default="runs/sparse", help="output folder (default: runs/sparse)")
-    p.add_argument("--penalties", type=comma_list, default=["l0", "l1"], help="l0, l1 or both (default: l0,l1)")
-    p.add_argument(
-        "--weights-l0",
-        type=float_list,
-        default=list(SPARSE_WEIGHTS["l0"]),
-        help=f"l0 weights, nats per open head (default: {','.join(map(str, SPARSE_WEIGHTS['l0']))})",
-    )
-    p.add_argument(
-        "--weights-l1",
-        type=float_list,
-        default=list(SPARSE_WEIGHTS["l1"]),
-        help=f"l1 weights (default: {','.join(map(str, SPARSE_WEIGHTS['l1']))})",
-    )
-    p.add_argument(
-        "--path-steps", type=int, default=100, help="steps per weight along the warm-started path (default: 100)"
-    )
-    p.add_argument(
-        "--ks",
-        type=int_list,
-        default=list(K_GRID),
-        help=f"k grid of the rankings, plus every head (default: {','.join(map(str, K_GRID))})",
-    )
-    p.add_argument("--draws", type=int, default=2, help="random k-sets per k (default: 2)")
-    p.add_argument(
-        "--score-valid",
-        type=positive_int_or_all,
-        default=100,
-        metavar="N|all",
-        help="valid items that score the head sets, to choose k, weight and threshold (default: 100)",
-    )
+    add_arguments(p, MinimalConfig, "minimal head sets")
     p.add_argument(
         "--rankings-seeds",
         type=seed_list,
         default=None,
         help="seeds that also score the rankings and random sets (default: all)",
-    )
-    p.add_argument(
-        "--shared", action="store_true", help="also train one alpha over all the tasks (first seed's t per task)"
     )
     p.add_argument("--redo", action="store_true", help="recompute finished (task, seed) folders")
 

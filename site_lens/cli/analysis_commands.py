@@ -18,7 +18,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     """Minimal head sets per (task, seed), resumable; then OUT/summary.{csv,md} (and OUT/shared/ with --shared)."""
     import dataclasses
 
-    from ..config import ConfigError, site_config_from_args
+    from ..config import ConfigError, MinimalConfig, from_args, site_config_from_args
     from ..experiments import bench
     from ..experiments.minimal_report import write_summaries
     from ..experiments.sweep import add_attribution, is_done, minimal_sets, settings_differ, write_minimal
@@ -26,19 +26,13 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from ..progress import Progress, write
     from ..tasks import TaskError, load_task
 
-    cfg = site_config_from_args(args)
+    cfg, study = site_config_from_args(args), from_args(MinimalConfig, args)
     if cfg.selection.objective != "first_token":
         raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
     require_data_for_fv(args.tasks, args.data)
     tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
     seeds = args.seeds or [cfg.seed]
-    bad = [p for p in args.penalties if p not in ("l0", "l1")]
-    if bad or not args.penalties:
-        raise ConfigError(f"unknown penalty {', '.join(map(repr, bad)) or '(none given)'}; use l0, l1 or l0,l1")
-    weights = {p: w for p, w in (("l0", args.weights_l0), ("l1", args.weights_l1)) if p in args.penalties}
-    for p, ws in weights.items():
-        if ws != sorted(ws) or min(ws) < 0:
-            raise ConfigError(f"--weights-{p} must be numbers >= 0 in increasing order, got {','.join(map(str, ws))}")
+    weights = study.weights()
     out = Path(args.out)
     check_writable(out)
     model = load_model(args.model, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
@@ -49,15 +43,15 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                 folder = out / name / f"seed{seed}"
                 settings = dict(
                     weights=weights,
-                    path_steps=args.path_steps,
-                    ks=args.ks,
-                    draws=args.draws,
+                    path_steps=study.path_steps,
+                    ks=study.ks,
+                    draws=study.draws,
                     rankings=args.rankings_seeds is None or seed in args.rankings_seeds,
-                    max_valid=args.score_valid,
-                    max_test=cfg.eval.max_test if cfg.eval else 100,
+                    max_valid=study.score_valid,
+                    max_test=cfg.eval.max_test,
                 )
                 if is_done(folder) and not args.redo:
-                    recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(args.ks)}
+                    recorded = {**settings, "weights": {k: list(v) for k, v in weights.items()}, "ks": list(study.ks)}
                     recorded["config"] = dataclasses.replace(cfg, seed=seed).to_dict()
                     differ = settings_differ(folder, recorded)
                     if differ:
@@ -69,12 +63,12 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                     continue
                 progress.start(f"{name} seed {seed}")
                 t0 = time.perf_counter()
-                result = minimal_sets(model, task, seed, cfg=site_config_from_args(args), **settings)
+                result = minimal_sets(model, task, seed, cfg=cfg, **settings)
                 write_minimal(result, folder)
                 sizes = ", ".join(f"{s['penalty']} w={s['weight']:g}: {s['n_mask']}" for s in result.info["sparse"])
                 progress.done(f"{name} seed {seed}: minimal sets written")
                 write(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; heads in the masks: {sizes}")
-    if args.shared:
+    if study.shared:
         from ..experiments.sweep import run_shared
 
         run_shared(model, out, [load_task(n, args.data) for n in tasks], seeds[0], cfg)
@@ -103,6 +97,9 @@ def _find_runs(root: str):
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""
+    from ..config import AnalyseConfig, from_args
+
+    todo = from_args(AnalyseConfig, args)  # a bad value fails before torch is imported or the runs are read
     from ..experiments.report import analyse_runs
     from ..models import load_model
     from ..tasks import TaskError
@@ -119,9 +116,9 @@ def cmd_analyse(args: argparse.Namespace) -> int:
             raise TaskError(f"the runs under {args.runs} were trained on {', '.join(names)}: choose one with --model")
         name = names[0]
     model = load_model(name, device=args.device, dtype=args.dtype, engine=getattr(args, "engine", None))
-    max_items = args.max_test if args.max_test is not None else 10**9
+    max_items = todo.max_test if todo.max_test is not None else 10**9
     analyse_runs(
-        model, runs, args.data, max_items=max_items, cie_prompts=args.cie_prompts, draws=args.draws, redo=args.redo
+        model, runs, args.data, max_items=max_items, cie_prompts=todo.cie_prompts, draws=todo.draws, redo=args.redo
     )
     print(f"analysed {len(runs)} runs under {args.runs}; draw them with: site-lens figures --runs {args.runs}")
     return 0

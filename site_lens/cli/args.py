@@ -1,4 +1,4 @@
-"""Argument types of the command line: comma lists of names, seeds, numbers; a count or 'all'."""
+"""Argument types of the command line that no config field gives: comma lists of names and seeds, a count."""
 
 from __future__ import annotations
 
@@ -21,36 +21,7 @@ def seed_list(text: str) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
-def float_list(text: str) -> list[float]:
-    """A comma list of numbers, e.g. '0.001,0.01'."""
-    try:
-        values = [float(s) for s in comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got '{text}'") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
 
-
-def int_list(text: str) -> list[int]:
-    """A comma list of positive integers, e.g. '1,2,4'."""
-    try:
-        values = [int(s) for s in comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got '{text}'") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got '{text}'")
-    return values
-
-
-def positive_int_or_all(text: str) -> int | None:
-    """A positive integer, or 'all' (None)."""
-    from ..config import int_or_all
-
-    value = int_or_all(text)
-    if value is not None and value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
-    return value
 
 
 def positive_int(text: str) -> int:
