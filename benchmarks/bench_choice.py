@@ -19,8 +19,8 @@ import torch
 
 import site_lens as sl
 from site_lens.config import SiteConfig
-from site_lens.engine.options import option_accuracy, option_logprobs
 from site_lens.methods import configured
+from site_lens.stages.options import option_accuracy, option_logprobs
 from site_lens.tokens import answer_ids, encode, pad_id, pad_right
 
 

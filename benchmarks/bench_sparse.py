@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import site_lens as sl
-from site_lens.analysis.sparse import SparseTrainer
 from site_lens.config import SelectionConfig, SparsityConfig
 from site_lens.stages.embeddings import embedding_prompts
 from site_lens.stages.selection import AlphaTrainer
+from site_lens.stages.sparse import SparseTrainer
 from site_lens.tasks import zero_shot_prompts
 from site_lens.tokens import make_examples
 

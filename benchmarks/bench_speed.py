@@ -37,10 +37,10 @@ import site_lens as sl
 from site_lens.analysis.cie import causal_indirect_effect
 from site_lens.engine import kernels
 from site_lens.engine.backend import HookedBackend, PackedBackend, use_backend
-from site_lens.engine.generate import generate_greedy
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
 from site_lens.stages.embeddings import embedding_prompts
+from site_lens.stages.generation import generate_greedy
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import sample_icl_prompts, zero_shot_prompts
 from site_lens.tokens import encode, make_examples

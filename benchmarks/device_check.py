@@ -46,11 +46,11 @@ import torch
 import site_lens as sl
 from site_lens.adapter import Adapter
 from site_lens.engine.backend import backend_for
-from site_lens.engine.generate import generate_greedy
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
 from site_lens.models import hf, model_identity
 from site_lens.stages.embeddings import build_task_embedding
+from site_lens.stages.generation import generate_greedy
 from site_lens.stages.objectives import SequenceCache, objective_examples
 from site_lens.tasks import format_query
 from site_lens.tokens import encode

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from site_lens.engine.backend import last_logits
-from site_lens.engine.generate import generate_greedy
 from site_lens.methods.site import fit_site
 from site_lens.models import hf, load_model, model_identity
+from site_lens.stages.generation import generate_greedy
 from site_lens.tasks import format_query, load_task
 from site_lens.tokens import encode
 

@@ -13,10 +13,10 @@ import time
 import torch
 
 from site_lens.adapter import Adapter
-from site_lens.engine.generate import generate_greedy
 from site_lens.gate import injection_hooks
 from site_lens.models import hf, load_model, model_identity
 from site_lens.stages.embeddings import build_task_embedding
+from site_lens.stages.generation import generate_greedy
 from site_lens.tasks import format_query, load_task
 from site_lens.tokens import encode
 

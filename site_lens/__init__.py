@@ -3,17 +3,17 @@
 Stages, by folder (engine/, stages/, methods/, analysis/, experiments/, cli/):
   stages.embeddings.build_task_embedding  stage 1: mean hook_z at the last prompt token
   stages.selection.AlphaTrainer           stage 2: alpha = sigmoid(theta) (gate.AlphaGate), trained on zero-shot prompts
-  engine.generate.generate_greedy         stage 3: inject once at prefill (gate.injection_hooks), greedy with KV cache
+  stages.generation.generate_greedy         stage 3: inject once at prefill (gate.injection_hooks), greedy with KV cache
   methods.fit_site                        stages 1 and 2 on a task; every scored method behind one interface
   methods.fit_site_many                   stages 1 and 2 on many tasks, their stage 2 in one loop (one theta each)
 Atlases:
   atlas.load_atlas, assemble_atlas        every task's head map of a model: a folder or a Hub id; built from bench folders
   atlas.compare_atlases                   do the tasks that share heads in one model share them in another (Mantel)
 Head sets:
-  analysis.sparse.fit_sparse, sparse_path sparse SITE: an L0 (hard-concrete) or L1 price on every open head
+  stages.sparse.fit_sparse, sparse_path sparse SITE: an L0 (hard-concrete) or L1 price on every open head
   analysis.minimal.score_head_sets        t written into given head sets, scored (exact match, answer probability)
   experiments.sweep.minimal_sets          the minimal-set study of one task: sparse SITE against top-k rankings
-  analysis.multitask.fit_shared           one alpha trained over several tasks, each with its own t
+  stages.shared.fit_shared           one alpha trained over several tasks, each with its own t
 """
 
 from typing import TYPE_CHECKING
@@ -27,11 +27,11 @@ _API = {
     "adapter": ("Adapter", "load_adapter", "save_adapter"),
     "analysis.attribution": ("attribution_scores",),
     "analysis.minimal": ("HeadSet", "score_head_sets"),
-    "analysis.multitask": ("fit_shared",),
-    "analysis.sparse": ("fit_sparse", "sparse_path"),
+    "stages.shared": ("fit_shared",),
+    "stages.sparse": ("fit_sparse", "sparse_path"),
     "atlas": ("Atlas", "AtlasError", "assemble_atlas", "compare_atlases", "load_atlas"),
     "config": ("EmbeddingConfig", "EngineConfig", "EvalConfig", "SelectionConfig", "SiteConfig", "SparsityConfig"),
-    "engine.generate": ("generate_greedy",),
+    "stages.generation": ("generate_greedy",),
     "experiments.run": ("evaluate", "predict", "predict_with_logits", "run_task"),
     "experiments.sweep": ("minimal_sets",),
     "gate": ("AlphaGate", "gate_hook", "injection_hooks"),
@@ -49,11 +49,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .adapter import Adapter, load_adapter, save_adapter
     from .analysis.attribution import attribution_scores
     from .analysis.minimal import HeadSet, score_head_sets
-    from .analysis.multitask import fit_shared
-    from .analysis.sparse import fit_sparse, sparse_path
     from .atlas import Atlas, AtlasError, assemble_atlas, compare_atlases, load_atlas
     from .config import EmbeddingConfig, EngineConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
-    from .engine.generate import generate_greedy
     from .experiments.run import evaluate, predict, predict_with_logits, run_task
     from .experiments.sweep import minimal_sets
     from .gate import AlphaGate, gate_hook, injection_hooks
@@ -62,7 +59,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .models import load_model, model_identity
     from .models.tiny import tiny_model
     from .stages.embeddings import build_task_embedding
+    from .stages.generation import generate_greedy
     from .stages.selection import AlphaTrainer
+    from .stages.shared import fit_shared
+    from .stages.sparse import fit_sparse, sparse_path
     from .tasks import Task, build_prompt, builtin_tasks, format_query, load_task
 
 __all__ = [

@@ -80,8 +80,8 @@ def check_row(model, method, task, row: dict, n: int, max_new_tokens: int) -> li
     import pytest
     import torch
 
-    from site_lens.engine.generate import generate_greedy
     from site_lens.metrics import exact_match, strict_match
+    from site_lens.stages.generation import generate_greedy
     from site_lens.tokens import encode
 
     prompts = method.prompts(task, task.test[:n], 0)

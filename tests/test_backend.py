@@ -5,9 +5,9 @@ import torch
 from test_lasttoken import VARIANTS, _variant_model
 
 from site_lens.engine.backend import backend_for, last_logits
-from site_lens.engine.generate import generate_greedy
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import AlphaGate, injection_hooks
+from site_lens.stages.generation import generate_greedy
 from site_lens.tokens import Example, pad_right
 
 PROMPTS = [[5, 9, 17, 3], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6], [12, 13, 14, 15, 16, 17, 18, 19, 20]]

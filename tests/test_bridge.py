@@ -12,13 +12,13 @@ from helpers import char_tokenizer
 from site_lens.adapter import AdapterError
 from site_lens.analysis.patching import head_patching_sweep
 from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
-from site_lens.engine.generate import generate_greedy
 from site_lens.methods.site import fit_site
 from site_lens.models import engines
 from site_lens.models.bridge import bridge_from_hf
 from site_lens.models.identity import model_identity, register
 from site_lens.models.tiny import TINY_ARCHITECTURES, tiny_bridge, tiny_hf
 from site_lens.stages.embeddings import build_task_embedding
+from site_lens.stages.generation import generate_greedy
 from site_lens.stages.selection import AlphaTrainer
 from site_lens.tasks import load_task
 from site_lens.tokens import encode, make_examples
@@ -274,9 +274,9 @@ def test_a_split_device_map_and_a_float64_layer(tmp_path):
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_option_scores_equal_across_engines_and_bridge_paths(arch):
     from site_lens.engine.bridge_backend import BridgeBackend
-    from site_lens.engine.options import option_logprobs
     from site_lens.gate import injection_hooks
     from site_lens.models.convert import hooked_from_hf
+    from site_lens.stages.options import option_logprobs
 
     hf = tiny_hf(arch, char_tokenizer())
     twin = tiny_hf(arch, char_tokenizer())
@@ -323,8 +323,8 @@ def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
     logits, spans and gated generations equal the bridge's own forward."""
     from site_lens.engine.backend import backend_for
     from site_lens.engine.bridge_backend import BridgeBackend
-    from site_lens.engine.generate import generate_under_gates
     from site_lens.gate import injection_hooks
+    from site_lens.stages.generation import generate_under_gates
 
     hf = tiny_hf(arch, char_tokenizer(), **({"attention_bias": True} if arch == "llama" else {}))
     with torch.no_grad():  # unequal norm gains and non-zero biases, so every fold and bias shows

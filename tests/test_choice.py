@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from site_lens.engine.options import option_accuracy, option_logprobs
 from site_lens.gate import injection_hooks
 from site_lens.metrics import score
+from site_lens.stages.options import option_accuracy, option_logprobs
 from site_lens.tasks import Choice, TaskError, load_task
 from site_lens.tokens import answer_ids, encode
 

@@ -79,7 +79,7 @@ def test_fast_path_equals_naive_on_embedded_model(smollm):
 
 
 def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
-    from site_lens.engine.generate import generate_greedy
+    from site_lens.stages.generation import generate_greedy
     from site_lens.tokens import encode
 
     prompts = encode(
@@ -95,7 +95,7 @@ def test_packed_decoding_equals_hooked_on_embedded_model(smollm):
 
 def test_gemma3_packed_paths_equal_hooked(gemma):
     """Gemma 3 270M (the second embedded family): packed training loss/grad and decoding equal the hooked model."""
-    from site_lens.engine.generate import generate_greedy
+    from site_lens.stages.generation import generate_greedy
     from site_lens.tokens import encode
 
     ln, gn, fast = _fast_and_naive(gemma)

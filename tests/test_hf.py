@@ -11,11 +11,11 @@ import torch
 from helpers import char_tokenizer
 
 from site_lens.adapter import Adapter, AdapterError
-from site_lens.engine.generate import generate_greedy
 from site_lens.gate import injection_hooks
 from site_lens.models import hf, model_identity
 from site_lens.models.convert import ModelError
 from site_lens.models.engines import HOOKED
+from site_lens.stages.generation import generate_greedy
 from site_lens.tokens import encode, generation_stop_ids
 
 

@@ -5,10 +5,10 @@ import torch
 from helpers import needs_hooked
 
 from site_lens.engine.backend import last_logits
-from site_lens.engine.generate import generate_greedy
 from site_lens.gate import gate_hook, injection_hooks, z_names
 from site_lens.models.convert import fast_layout
 from site_lens.models.tiny import tiny_model
+from site_lens.stages.generation import generate_greedy
 from site_lens.tokens import encode, pad_right
 
 
@@ -266,7 +266,7 @@ def test_generation_under_gates_is_the_same_on_either_backend(model):
     """generate_under_gates' hooked branch (one generate_greedy call per gate) gives the packed branch's tokens,
     first-step logits and early stops."""
     from site_lens.engine.backend import backend_for, use_backend
-    from site_lens.engine.generate import generate_under_gates
+    from site_lens.stages.generation import generate_under_gates
 
     prompts = encode(model, ["Q: sun\nA:", "Q: moonlight\nA:", "Q: x\nA:", "Q: a longer one\nA:"])
     t = _t(model) * 3

@@ -315,7 +315,7 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
 
 
 def test_generation_packed_equals_hooked_and_uncached(model):
-    from site_lens.engine.generate import generate_greedy
+    from site_lens.stages.generation import generate_greedy
 
     c = model.cfg
     t = torch.randn(c.n_layers, c.n_heads, c.d_head) * 2
@@ -357,7 +357,7 @@ def test_runner_is_kept_and_rebuilt_when_weights_change(model):
 
 
 def test_runner_built_under_inference_mode_still_trains(model):
-    from site_lens.engine.generate import generate_greedy
+    from site_lens.stages.generation import generate_greedy
 
     with torch.no_grad():
         _a_weight(model).mul_(1.0)  # weights changed: the next call rebuilds the runner
@@ -404,7 +404,7 @@ def _one_row_equals_hooked(variant):
 
 def test_packed_generation_drops_finished_rows_without_changing_any_row(model, monkeypatch):
     """Rows stopping at different steps: the packed decoder compacts its batch; every row's tokens stay the same."""
-    from site_lens.engine.generate import generate_greedy
+    from site_lens.stages.generation import generate_greedy
 
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7], [40], [12, 13], [22, 23, 24, 25]]
     free, _ = generate_greedy(model, prompts, max_new_tokens=10, stop_ids=set(), backend="hooked")
@@ -462,7 +462,7 @@ def test_packed_path_past_transformer_lens_initial_rotary_table(monkeypatch):
     # copies must follow (a 10-shot squad_val prompt crashed at position 2,048)
     from transformer_lens.components.abstract_attention import AbstractAttention
 
-    from site_lens.engine.generate import generate_greedy
+    from site_lens.stages.generation import generate_greedy
 
     monkeypatch.setattr(AbstractAttention, "ROTARY_INITIAL_CACHE_SIZE", 8)
     model = _tiny()

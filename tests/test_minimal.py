@@ -17,8 +17,8 @@ from site_lens.analysis.minimal import (
     smallest_k,
     top_k_mask,
 )
-from site_lens.engine.generate import generate_greedy
 from site_lens.gate import injection_hooks
+from site_lens.stages.generation import generate_greedy
 from site_lens.tasks import Task
 from site_lens.tokens import encode
 
@@ -152,7 +152,7 @@ def test_gates_over_shared_prefixes_match_generate_greedy(gemma_like):
     from helpers import tiny
 
     from site_lens.engine.backend import backend_for
-    from site_lens.engine.generate import generate_under_gates
+    from site_lens.stages.generation import generate_under_gates
 
     torch.manual_seed(0)
     model = tiny(use_qk_norm=True, use_normalization_before_and_after=True) if gemma_like else tiny()

@@ -2,11 +2,11 @@ import pytest
 import torch
 from helpers import needs_hooked
 
-from site_lens.engine.generate import generate_greedy
 from site_lens.experiments.run import predict
 from site_lens.models import ModelError, load_model, model_identity
 from site_lens.models.convert import fast_layout, finalize
 from site_lens.models.tiny import build_cfg, tiny_model
+from site_lens.stages.generation import generate_greedy
 from site_lens.tokens import PromptTooLongError
 
 pytestmark = needs_hooked("its loading, conversion and fast layout")

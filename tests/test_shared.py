@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from site_lens.analysis.multitask import fit_shared
 from site_lens.config import SelectionConfig
 from site_lens.stages.selection import AlphaTrainer
+from site_lens.stages.shared import fit_shared
 from site_lens.tasks import Task, zero_shot_prompts
 from site_lens.tokens import make_examples
 

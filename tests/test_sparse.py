@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from site_lens.adapter import AdapterError, load_adapter, save_adapter
-from site_lens.analysis.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
 from site_lens.config import ConfigError, EngineConfig, SelectionConfig, SparsityConfig
 from site_lens.gate import AlphaGate, GateSpec, HardConcreteGate
 from site_lens.stages.selection import AlphaTrainer
+from site_lens.stages.sparse import SparseTrainer, fit_sparse, hard_concrete_theta, sparse_path
 from site_lens.tasks import Task
 from site_lens.tokens import make_examples
 

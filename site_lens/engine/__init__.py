@@ -1,4 +1,4 @@
-"""The engine: how the model runs under SITE's gate, below the stages.
+"""The engine: how the model runs under SITE's gate, below the stages (which generate and score through it).
 
 backend         the last-token seam: the reference path or packed weights, chosen once per model
 hooked_backend  the reference: the HookedTransformer against a frozen TransformerLens KV cache
@@ -9,6 +9,4 @@ bridge_pack     packed weights read from a TransformerBridge
 kernels         C++ kernels for the packed path (csrc/), compiled on first use
 prefix          prompt prefixes' keys and values, and decode caches
 prompt_cache    many prompts against their cached prefixes
-generate        stage 3: greedy generation with SITE injected once, at prefill
-options         multiple-choice scoring of an item's options
 """

@@ -39,13 +39,13 @@ from ..analysis.minimal import (
     smallest_k,
     sparse_sets,
 )
-from ..analysis.sparse import SparseFit, sparse_path
 from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
 from ..files import save_tensors, write_json_atomic, write_text_atomic
 from ..methods.site import fit_site
 from ..models.engines import Model
 from ..models.identity import model_identity
 from ..progress import Progress
+from ..stages.sparse import SparseFit, sparse_path
 from ..tasks import Task, category
 
 log = logging.getLogger(__name__)
@@ -307,7 +307,7 @@ def run_shared(
     SITE, the shared gate soft and as a mask at 0.5) and shared.json; returns the scores.
     """
     from ..analysis.minimal import HeadSet, mask_alpha
-    from ..analysis.multitask import fit_shared
+    from ..stages.shared import fit_shared
 
     cfg = cfg or SiteConfig(seed=seed)
     root = Path(root)

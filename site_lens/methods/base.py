@@ -33,14 +33,14 @@ import torch
 from torch import Tensor, nn
 
 from ..config import TEACHER_FORCED, EmbeddingConfig, EvalConfig, TrainConfig
-from ..engine.generate import generate_greedy
-from ..engine.options import option_accuracy, option_logprobs
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, Hooks
 from ..metrics import first_token_accuracy, score
 from ..models.engines import Model
 from ..stages.embeddings import embedding_prompts, task_embedding
+from ..stages.generation import generate_greedy
 from ..stages.objectives import sequence_loss
+from ..stages.options import option_accuracy, option_logprobs
 from ..stages.training import first_token_loss, frozen, schedule, train_loop
 from ..tasks import Task, category, zero_shot_prompts
 from ..threads import adaptive_threads

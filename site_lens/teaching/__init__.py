@@ -262,7 +262,7 @@ def check_generate_with_injection(
     alpha: Float[Tensor, "layer head_index"],
     max_new_tokens: int = 6,
 ) -> bool:
-    """Does ``fn(model, tokens, t, alpha, n)`` give ``generate.generate_greedy``'s tokens (injected once, at prefill)?"""
+    """Does ``fn(model, tokens, t, alpha, n)`` give ``generation.generate_greedy``'s tokens (injected once, at prefill)?"""
 
     def decode(ids: Sequence[int]) -> str:
         return repr(model.tokenizer.decode(list(ids))) if model.tokenizer is not None else str(list(ids))

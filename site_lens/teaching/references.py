@@ -64,9 +64,9 @@ def train_theta(model, t: Tensor, examples: Sequence, plan: Sequence[Sequence[in
 
 
 def generate_with_injection(model, tokens: Sequence[int], t: Tensor, alpha: Tensor, max_new_tokens: int) -> list[int]:
-    """``generate.generate_greedy`` with the injection hooks at prefill, never stopping early."""
-    from ..engine.generate import generate_greedy
+    """``generation.generate_greedy`` with the injection hooks at prefill, never stopping early."""
     from ..gate import injection_hooks
+    from ..stages.generation import generate_greedy
 
     out, _ = generate_greedy(
         model,

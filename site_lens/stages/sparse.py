@@ -40,12 +40,12 @@ from ..config import ConfigError, EngineConfig, SelectionConfig, SiteConfig, Spa
 from ..gate import AlphaGate, HardConcreteGate
 from ..models import model_identity
 from ..models.engines import Model
-from ..stages.embeddings import task_embedding
-from ..stages.objectives import train_valid_examples
-from ..stages.selection import AlphaTrainer
-from ..stages.training import TrainHistory
 from ..tasks import Task
 from ..tokens import Example
+from .embeddings import task_embedding
+from .objectives import train_valid_examples
+from .selection import AlphaTrainer
+from .training import TrainHistory
 
 HeadMask = Bool[Tensor, "layer head_index"]
 

@@ -25,9 +25,9 @@ from ..engine.backend import backend_for
 from ..engine.prompt_cache import PromptCache
 from ..gate import AlphaGate
 from ..models.engines import Model
-from ..stages.objectives import train_valid_examples
-from ..stages.training import TrainHistory, frozen, schedule, train_loop
 from ..tasks import Task
+from .objectives import train_valid_examples
+from .training import TrainHistory, frozen, schedule, train_loop
 
 
 @dataclass

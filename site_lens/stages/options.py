@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ..engine.backend import backend_for, logits_at
 from ..gate import HookFactory, Hooks
 from ..models.engines import Model
 from ..tokens import answer_ids, check_context, encode, pad_id, pad_right
-from .backend import backend_for, logits_at
 
 
 @torch.inference_mode()
