@@ -11,7 +11,7 @@ from helpers import char_tokenizer
 
 from site_lens.adapter import AdapterError
 from site_lens.analysis.patching import head_patching_sweep
-from site_lens.config import EmbeddingConfig, EvalConfig, SelectionConfig, SiteConfig
+from site_lens.config import EmbeddingConfig, EngineConfig, EvalConfig, SelectionConfig, SiteConfig
 from site_lens.methods.site import fit_site
 from site_lens.models import engines
 from site_lens.models.bridge import bridge_from_hf
@@ -113,7 +113,7 @@ def test_bridge_agrees_with_hooked(arch, tok):
     ex = make_examples(hooked, [(f"Q: {w}\nA:", w[::-1]) for w in WORDS])
     losses = []
     for model in (hooked, bridge):
-        tr = AlphaTrainer(model, t_h, SelectionConfig(steps=3, eval_every=0, backend="hooked"))
+        tr = AlphaTrainer(model, t_h, SelectionConfig(steps=3, eval_every=0), engine=EngineConfig(backend="hooked"))
         tr.fit(ex)
         losses.append(tr.history.loss[:3])
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)

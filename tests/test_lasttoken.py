@@ -6,10 +6,12 @@ import pytest
 import torch
 from helpers import needs_hooked
 
-from site_lens.config import SelectionConfig
+from site_lens.config import EngineConfig, SelectionConfig
 from site_lens.engine import kernels
 from site_lens.engine.backend import PackedBackend, backend_for, last_logits, logits_at, packed_blocker, use_backend
-from site_lens.engine.packed import LastToken, unsupported
+from site_lens.engine.hooked_pack import decode_from_hooked_cache, pack_hooked
+from site_lens.engine.packed import LastToken
+from site_lens.engine.packed_layer import unsupported
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import injection_hooks
 from site_lens.models.engines import is_bridge
@@ -27,7 +29,7 @@ def _tiny(**overrides):
 
 
 def _packed(model):
-    """The packed engine of either model engine: ``LastToken``, or ``BridgePack`` from a bridge's weights."""
+    """The packed model of either model engine: ``LastToken`` over ``pack_hooked`` or ``pack_bridge``'s record."""
     return PackedBackend(model).runner
 
 
@@ -192,8 +194,8 @@ def test_fit_packed_equals_fit_hooked(model):
     ex = _examples(model)
     thetas = []
     for backend in ("packed", "hooked"):
-        cfg = SelectionConfig(steps=12, eval_every=4, backend=backend)
-        gate = AlphaTrainer(model, t, cfg, seed=1).fit(ex[:6], ex[6:])
+        cfg = SelectionConfig(steps=12, eval_every=4)
+        gate = AlphaTrainer(model, t, cfg, seed=1, engine=EngineConfig(backend=backend)).fit(ex[:6], ex[6:])
         thetas.append(gate.theta.detach().clone())
     assert torch.allclose(thetas[0], thetas[1], atol=1e-4)
     assert thetas[0].abs().sum() > 0
@@ -214,7 +216,7 @@ def test_unsupported_configs_are_named_and_fall_back(overrides, reason):
     why = unsupported(model)
     assert why is not None and reason in why
     with pytest.raises(ValueError, match=reason):
-        LastToken(model)
+        pack_hooked(model)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     tr = AlphaTrainer(model, t)
     assert tr.backend().name == "hooked" and reason in tr.backend().reason  # the hooked model instead
@@ -303,7 +305,7 @@ def test_packed_decode_logits_equal_hooked_cache(variant):
     zero = torch.zeros(len(prompts), dtype=torch.long)
     with torch.no_grad():
         logits = last_logits(model, tokens, last, attention_mask=mask, past_kv_cache=cache)
-        state = runner.decode_cache(cache, mask, 4)
+        state = decode_from_hooked_cache(runner, cache, mask, 4)
         ones = torch.ones((len(prompts), 1), dtype=torch.long)
         for step in range(4):  # with window 4, the local layer's window starts to bite
             nxt = torch.tensor([(13 * step + 7 * j) % 50 + 1 for j in range(len(prompts))])
@@ -367,7 +369,7 @@ def test_runner_built_under_inference_mode_still_trains(model):
     gate = trainer.fit(_examples(model))
     assert trainer.backend_used.name == "packed"
     # the same two steps on the hooked reference give the same theta, and the steps moved it
-    ref = AlphaTrainer(model, t, SelectionConfig(steps=2, eval_every=0, backend="hooked"))
+    ref = AlphaTrainer(model, t, SelectionConfig(steps=2, eval_every=0), engine=EngineConfig(backend="hooked"))
     want = ref.fit(_examples(model)).theta.detach()
     assert ref.backend_used.name != "packed"
     torch.testing.assert_close(gate.theta.detach(), want, rtol=0, atol=5e-5)

@@ -14,7 +14,7 @@ row per step. Two backends do that with the same results:
   every hook firing, prefixes in a Hugging Face KV cache (checked once per model
   against the full forward; re-run where that disagrees): a bridge's reference.
   Its packed backend is ``LastToken`` packed from the transformers weights
-  (``bridge_pack.BridgePack``) for the architectures that covers.
+  (``bridge_pack.pack_bridge``) for the architectures that covers.
 
 ``backend_for(model)`` chooses once per model (and again when its weights
 change): packed only for the architectures the tests cover
@@ -47,7 +47,9 @@ from .bridge_backend import BridgeBackend, BridgeDecoder
 from .bridge_backend import forget as forget_bridge
 from .bridge_backend import hook_points as bridge_points
 from .hooked_backend import HookedBackend, HookedDecoder, hooked_prefill, last_logits, logits_at
-from .packed import LastToken, ResidEdits, unsupported
+from .hooked_pack import decode_from_hooked_cache, pack_hooked
+from .packed import LastToken, ResidEdits
+from .packed_layer import unsupported
 from .prefix import DecodeCache, Prefix
 
 # the seam's API; the hooked model's forwards (``hooked_backend``) are reached from here too
@@ -179,13 +181,17 @@ def _hooked_blocker(model: Model) -> str | None:
     return unsupported(model)
 
 
+def _hooked_pack(model: Model) -> LastToken:
+    return LastToken(pack_hooked(model))
+
+
 def _hooked_packed_prefill(backend: PackedBackend, tokens, mask, last, hooks, max_new):
     """The hooked prefill; packed decode steps take over its cache."""
     logits, cache = hooked_prefill(backend.model, tokens, mask, last, hooks)
     if max_new <= 1:
         return logits, None
     runner = backend.runner
-    return logits, PackedDecoder(runner, runner.decode_cache(cache, mask, max_new), mask.shape[0])
+    return logits, PackedDecoder(runner, decode_from_hooked_cache(runner, cache, mask, max_new), mask.shape[0])
 
 
 def _bridge_blocker(model: Model) -> str | None:
@@ -195,9 +201,9 @@ def _bridge_blocker(model: Model) -> str | None:
 
 
 def _bridge_pack(model: Model) -> LastToken:
-    from .bridge_pack import BridgePack
+    from .bridge_pack import pack_bridge
 
-    return BridgePack(model)  # the same engine, packed from the transformers weights
+    return LastToken(pack_bridge(model))  # the same packed model, over the transformers weights
 
 
 def _bridge_packed_prefill(backend: PackedBackend, tokens, mask, last, hooks, max_new):
@@ -206,7 +212,7 @@ def _bridge_packed_prefill(backend: PackedBackend, tokens, mask, last, hooks, ma
 
 
 _HOOKED_ENGINE = _Engine(
-    HookedBackend, "the hooked model", lambda m: m.hook_dict, _hooked_blocker, LastToken, _hooked_packed_prefill, False
+    HookedBackend, "the hooked model", lambda m: m.hook_dict, _hooked_blocker, _hooked_pack, _hooked_packed_prefill, False
 )
 _BRIDGE_ENGINE = _Engine(  # a bridge rebuilds hook_dict per call: its points are read from the modules
     BridgeBackend,

@@ -2,10 +2,13 @@
 
 SITE's training loss needs one thing per prompt: the logits at the last prompt
 token, with every layer's ``hook_z`` gated there. Every earlier position is
-independent of alpha, so its keys and values are computed once (by the hooked
-model, with TransformerLens's KV cache) and kept, already rotated, in the
-layout attention wants. ``LastToken`` then runs the remaining token(s)
-straight from the model's weights, one ``packed_layer.PackedLayer`` per block:
+independent of alpha, so its keys and values are computed once (by the model
+itself, into its KV cache) and kept, already rotated, in the layout attention
+wants. ``LastToken`` then runs the remaining token(s) straight from the
+model's weights, a ``packed_layer.PackedWeights`` record holding one
+``PackedLayer`` per block, packed from a HookedTransformer
+(``hooked_pack.pack_hooked``) or a TransformerBridge's transformers modules
+(``bridge_pack.pack_bridge``):
 
     resid = W_E[tok]
     per layer:  q, k, v = rms(resid) @ W_QKV          (one product; rotary at position P as a matrix)
@@ -36,9 +39,9 @@ their rotary positions come from:
 
 It covers Llama-style blocks (SmolLM2) and Gemma 3's additions (per-head Q/K
 RMSNorm, RMSNorm of each sublayer's output, sliding-window layers).
-``unsupported(model)`` names what it does not cover (LayerNorm, absolute
-positions, post-norm blocks, soft caps); ``backend.backend_for`` then uses
-the hooked model with a frozen KV cache instead. Tests hold every entry point
+``packed_layer.unsupported(model)`` names what it does not cover (LayerNorm,
+absolute positions, post-norm blocks, soft caps); ``backend.backend_for``
+then uses the hooked model with a frozen KV cache instead. Tests hold every entry point
 to the hooked model to 1e-5 (tests/test_lasttoken.py).
 """
 
@@ -50,42 +53,29 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
 from ..gate import AlphaGate
-from ..models.engines import Model
-from .kernels import available as kernels_available
 from .kernels import row_matmul, rows_matmul
-from .packed_layer import PackedLayer, add_bias, bias_or_none, maybe_rms, pack_block, rms, rotate, unsupported
+from .packed_layer import PackedLayer, PackedWeights, add_bias, maybe_rms, rms, rotate
 from .prefix import DecodeCache, Prefix, check_rows, seen
 
 ResidEdits = dict[int, Callable[[Tensor], Tensor]]
 
 
 class LastToken:
-    """One-token (and few-token) forwards of a supported model, SITE's gate at the first token (see module docstring)."""
+    """One-token (and few-token) forwards over packed weights, SITE's gate at the first token (see module docstring).
 
-    def __init__(self, model: Model):
-        why = unsupported(model)
-        if why is not None:
-            raise ValueError(f"LastToken cannot run this model: {why}")
-        self.model = model
-        c = model.cfg
-        self.n_heads, self.d_head, self.d_mlp = c.n_heads, c.d_head, c.d_mlp
-        self.n_kv = c.n_key_value_heads or c.n_heads
-        self.rotary_dim = c.rotary_dim or c.d_head
-        self.adjacent = bool(c.rotary_adjacent_pairs)  # rotary pairs (x0, x1), ... rather than halves
-        self.n_ctx = c.n_ctx
-        self.embed = model.W_E  # (d_vocab, d_model)
-        self.embed_scale: float | None = None  # a factor on every embedding row (Gemma's, where W_E is unscaled)
-        self.rows = kernels_available()  # one-row products from the C++ kernel: every matrix input-major
-        # packed copies must be usable under autograd later, and never part of a graph themselves
-        with torch.inference_mode(False), torch.no_grad():
-            self.layers = [pack_block(b, c.window_size, self.rows) for b in model.blocks]
-            self.unembed = model.unembed.W_U.contiguous()  # (d_model, d_vocab), input-major
-        self.w_final = model.ln_final.w
-        self.eps_final = model.ln_final.eps
-        self.b_U = bias_or_none(model.unembed.b_U)
+    ``weights`` comes from ``hooked_pack.pack_hooked`` or ``bridge_pack.pack_bridge``; nothing here asks which.
+    """
+
+    def __init__(self, weights: PackedWeights):
+        w = self.weights = weights
+        self.layers, self.embed, self.embed_scale, self.unembed, self.b_U = (
+            w.layers, w.embed, w.embed_scale, w.unembed, w.b_U
+        )
+        self.w_final, self.eps_final, self.rows = w.w_final, w.eps_final, w.rows
+        self.n_heads, self.n_kv, self.d_head, self.d_mlp = w.n_heads, w.n_kv, w.d_head, w.d_mlp
+        self.rotary_dim, self.adjacent, self.n_ctx = w.rotary_dim, w.adjacent, w.n_ctx
         self._share_tables()
 
     def _embed(self, tokens: Tensor) -> Tensor:
@@ -103,80 +93,46 @@ class LastToken:
             w.table = same[0] if same else len(tables) - 1
         self._windows = {w.window for w in self.layers}  # one attention mask per window and forward
 
-    def _cover(self, n: int) -> None:
-        """Grow every layer's rotary table to ``n`` positions, as TransformerLens grows its own on demand.
-
-        TransformerLens builds 2,048 rows and extends them (same values) when a
-        longer prompt runs; the packed copies are taken at build time, so they
-        must follow, or a decode past position 2,047 indexes out of the table.
-        """
+    def cover(self, n: int) -> None:
+        """Grow every layer's rotary table to ``n`` positions (``PackedWeights.tables``), as the source model grows
+        its own on demand: a decode past the tables' first size would otherwise index out of them."""
         if n <= self.layers[0].cos.shape[0]:
             return
-        for block, w in zip(self.model.blocks, self.layers):
-            a = block.attn
-            if a.rotary_cos.shape[0] < n:
-                a._extend_rotary_embeddings(min(max(n, 2 * a.rotary_cos.shape[0]), self.model.cfg.n_ctx))
-            w.cos, w.sin = a.rotary_cos, a.rotary_sin
+        for w, (cos, sin) in zip(self.layers, self.weights.tables(n)):
+            w.cos, w.sin = cos, sin
 
-    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return rotate(x, cos, sin, self.rotary_dim, self.adjacent)
 
     def _rotation(self, w: PackedLayer, pos: int) -> Tensor:
-        """The rotary embedding at one position as a (d_head, d_head) matrix: ``x @ R == _rotate(x)``."""
+        """The rotary embedding at one position as a (d_head, d_head) matrix: ``x @ R == rotate(x)``."""
         key = (w.table, pos)
         rot = self._rotations.get(key)
         if rot is None:
-            self._cover(pos + 1)
+            self.cover(pos + 1)
             with torch.inference_mode(False), torch.no_grad():  # usable under autograd later
                 eye = torch.eye(self.d_head, dtype=w.cos.dtype, device=w.cos.device)
-                rot = self._rotations[key] = self._rotate(eye, w.cos[pos], w.sin[pos])
+                rot = self._rotations[key] = self.rotate(eye, w.cos[pos], w.sin[pos])
         return rot
 
     # ------------------------------------------------------------ prefixes and decode caches
 
     @torch.no_grad()
     def prefix(self, tokens: Int[Tensor, "batch pos"]) -> Prefix:
-        """Run prompt prefixes through the hooked model once; keep their keys (rotated) and values."""
-        model = self.model
-        cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
-        model(tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, return_type=None)
-        keys, values = [], []
-        for layer, entry in zip(self.layers, cache.entries):
-            k = entry.past_keys.transpose(1, 2)  # (batch, kv_head, pos, d_head)
-            n = k.shape[2]
-            self._cover(n)
-            keys.append(self._rotate(k, layer.cos[:n], layer.sin[:n]).contiguous())
-            values.append(entry.past_values.transpose(1, 2).contiguous())
+        """Run prompt prefixes through the source model once (``PackedWeights.prefix``); keep their keys, rotated,
+        and values."""
+        self.cover(tokens.shape[1] + 1)
+        keys, values = self.weights.prefix(tokens)
+        if not self.weights.keys_rotated:
+            n = tokens.shape[1]
+            keys = [self.rotate(k, w.cos[:n], w.sin[:n]).contiguous() for w, k in zip(self.layers, keys)]
         return Prefix(keys, values)
-
-    @torch.no_grad()
-    def decode_cache(
-        self, cache: TransformerLensKeyValueCache, attention_mask: Int[Tensor, "batch pos"], extra: int
-    ) -> DecodeCache:
-        """Take over a prefilled TransformerLens cache (right-padded rows) with room for ``extra`` tokens."""
-        B, T = attention_mask.shape
-        self._cover(T + extra)
-        mask = attention_mask.bool()
-        pos_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # rotary positions, as TransformerLens
-        keys, values = [], []
-        for layer, entry in zip(self.layers, cache.entries):
-            k = entry.past_keys.transpose(1, 2)  # (batch, kv_head, T, d_head), not yet rotated
-            cos, sin = layer.cos[pos_ids][:, None], layer.sin[pos_ids][:, None]  # (batch, 1, T, rot)
-            kb = k.new_zeros(B, self.n_kv, T + extra, self.d_head)
-            vb = torch.zeros_like(kb)
-            kb[:, :, :T] = self._rotate(k, cos, sin)
-            vb[:, :, :T] = entry.past_values.transpose(1, 2)
-            keys.append(kb)
-            values.append(vb)
-        valid = torch.zeros(B, T + extra, dtype=torch.bool, device=mask.device)
-        valid[:, :T] = mask
-        return DecodeCache(keys, values, valid, T, attention_mask.sum(-1))
 
     @torch.no_grad()
     def start_decode(self, prefix: Prefix, extra: int) -> DecodeCache:
         """A decode cache holding equal-length prefixes (one per row) with room for ``extra`` tokens."""
         B, P = prefix.keys[0].shape[0], prefix.length
-        self._cover(P + extra)
+        self.cover(P + extra)
         keys, values = [], []
         for k, v in zip(prefix.keys, prefix.values):
             kb = k.new_zeros(B, self.n_kv, P + extra, self.d_head)
@@ -225,7 +181,7 @@ class LastToken:
         """
         (B, n), P = tokens.shape, prefix.length
         check_rows(B, prefix, alpha, "spans")
-        self._cover(P + n)
+        self.cover(P + n)
         if P + n > self.layers[0].cos.shape[0]:
             raise ValueError(f"a span ending at position {P + n - 1} is past the model's context ({self.n_ctx})")
         return self._forward(tokens, prefix, alpha, t, span=True).view(B, n, -1)
@@ -294,7 +250,7 @@ class LastToken:
             if span:
                 raise ValueError("span logits take prefixes of one length")
             at = keys.lengths[:, None]
-            self._cover(P + 1)
+            self.cover(P + 1)
         elif span:
             at = torch.arange(P, P + n, device=resid.device)[None]
         for i, w in enumerate(self.layers):
@@ -349,7 +305,7 @@ class LastToken:
         if matrix:
             q, k = q @ rotary, k @ rotary
         else:
-            q, k = self._rotate(q, *rotary), self._rotate(k, *rotary)
+            q, k = self.rotate(q, *rotary), self.rotate(k, *rotary)
         if n == 1:
             return q.reshape(B, KV, G, D), k.reshape(B, KV, 1, D), v.view(B, KV, 1, D)
         # the G query heads of a K/V group and the n positions as G n query rows

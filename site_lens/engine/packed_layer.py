@@ -1,8 +1,9 @@
 """One layer of the packed model: its weights as a typed record, packed from a HookedTransformer block (where
 ``unsupported`` finds nothing it cannot run), and the small tensor ops (RMSNorm, rotary, bias) the forward applies.
 
-``packed.LastToken`` reads one ``PackedLayer`` per block; ``pack_block`` builds it from a
-HookedTransformer block and ``bridge_pack.BridgePack`` from Hugging Face-layout weights. In both,
+``packed.LastToken`` reads a ``PackedWeights`` record, one ``PackedLayer`` per block; ``pack_block``
+builds a layer from a HookedTransformer block (``hooked_pack``) and ``bridge_pack`` from Hugging
+Face-layout weights. In both,
 Q/K/V and gate/up are concatenated, the pre-norms' gains folded into the matrices after them
 (rms(x) * w @ W = rms(x) @ (w[:, None] W)), all-zero biases dropped, and every matrix is
 input-major (d_in, d_out) for the one-row C++ kernels of ``kernels.py`` (where they cannot be
@@ -35,7 +36,7 @@ class PackedLayer:
     w_o: Tensor  # (head d_head, d_model)
     b_o: Tensor | None
     scale: float  # attention scores are divided by it
-    cos: Tensor  # (pos, rotary_dim): the rotary table, grown on demand (``LastToken._cover``)
+    cos: Tensor  # (pos, rotary_dim): the rotary table, grown on demand (``LastToken.cover``)
     sin: Tensor
     eps2: float  # the MLP pre-norm's eps (its gain is folded into w_gate_in)
     w_gate_in: Tensor  # (d_model, 2 d_mlp): gate and up projections side by side
@@ -49,6 +50,32 @@ class PackedLayer:
     ln2_post: Norm | None = None
     window: int | None = None  # a local layer's sliding window: keys this many positions back are hidden
     table: int = 0  # which of the model's distinct rotary tables this is (layers sharing one share rotations)
+
+
+@dataclass(eq=False)
+class PackedWeights:
+    """What the packed forward reads, whichever weights it was packed from: ``hooked_pack.pack_hooked`` (a
+    HookedTransformer) and ``bridge_pack.pack_bridge`` (a TransformerBridge's transformers modules) each
+    return one, and ``packed.LastToken`` is the one model over it."""
+
+    layers: list[PackedLayer]
+    embed: Tensor  # (d_vocab, d_model)
+    embed_scale: float | None  # a factor on every embedding row (Gemma's, where the table is unscaled)
+    unembed: Tensor  # (d_model, d_vocab), input-major
+    b_U: Tensor | None
+    w_final: Tensor  # the final RMSNorm's gain
+    eps_final: float
+    n_heads: int
+    n_kv: int  # key/value heads (grouped-query attention)
+    d_head: int
+    d_mlp: int
+    rotary_dim: int
+    adjacent: bool  # rotary pairs (x0, x1), ... rather than halves
+    n_ctx: int
+    rows: bool  # matrices laid out for the one-row C++ kernels
+    tables: Callable[[int], list[tuple[Tensor, Tensor]]]  # each layer's rotary cos, sin covering n positions
+    prefix: Callable[[Tensor], tuple[list[Tensor], list[Tensor]]]  # prompt prefixes' keys and values, one run
+    keys_rotated: bool  # whether ``prefix``'s keys come rotated (a Hugging Face cache) or not (TransformerLens's)
 
 
 def unsupported(model: Model) -> str | None:
