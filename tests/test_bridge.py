@@ -172,7 +172,8 @@ def test_every_method_fits_and_scores_on_the_bridge(arch, tmp_path):
 def test_kv_cache_path_equals_the_full_forward(bridge):
     """Prefixes in the Hugging Face cache (explicit positions and masks) give the full forward's logits;
     the embedded models' architectures take that path."""
-    from site_lens.engine.bridge_backend import PROBE_TOL, BridgeBackend, probe_error
+    from site_lens.engine.bridge_backend import BridgeBackend, probe_error
+    from site_lens.engine.probe import PROBE_TOL
 
     be = BridgeBackend(bridge)
     if engines.architecture(bridge) in ("LlamaForCausalLM", "Gemma3ForCausalLM"):

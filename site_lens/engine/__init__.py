@@ -10,4 +10,5 @@ bridge_pack     packed weights read from a TransformerBridge
 kernels         C++ kernels for the packed path (csrc/), compiled on first use
 prefix          prompt prefixes' keys and values, and decode caches
 prompt_cache    many prompts against their cached prefixes
+probe           the one probe: a faster path held to its reference on a seeded prompt before use
 """

@@ -51,6 +51,7 @@ from .hooked_pack import decode_from_hooked_cache, pack_hooked
 from .packed import LastToken, ResidEdits
 from .packed_layer import unsupported
 from .prefix import DecodeCache, Prefix
+from .probe import agreement, probe_inputs, tolerance
 
 # the seam's API; the hooked model's forwards (``hooked_backend``) are reached from here too
 __all__ = [
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 # hooked model: Llama-style blocks (SmolLM2 and the tiny test models) and Gemma 3.
 PACKED_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Gemma3ForCausalLM"})
 BACKENDS = ("auto", "hooked", "packed")
-PROBE_TOL = 1e-4  # probe check: max |packed - hooked| logit over max |logit|, plus this absolute
 
 
 def _hooks_attached(model: Model) -> bool:
@@ -261,24 +261,11 @@ def packed_blocker(model: Model) -> str | None:
 def probe_check(model: Model, packed: PackedBackend) -> float:
     """Max |packed - reference| logit, relative to the largest logit, on one seeded prompt under a random gate
     (last token and a span); the reference is the hooked model, or a bridge's own forward."""
-    c = model.cfg
-    gen = torch.Generator().manual_seed(0)
-    n = min(8, c.n_ctx)
-    tokens = torch.randint(0, c.d_vocab, (1, n), generator=gen).to(c.device)
-    alpha = torch.rand(c.n_layers, c.n_heads, generator=gen).to(device=c.device, dtype=c.dtype)
-    hooked = _engine(model).reference(model)
-    with torch.no_grad():
-        prefix = hooked.prefix(tokens[:, :-1])
-        scale = prefix.values[0].abs().mean().clamp(min=1e-3)  # t on the scale of real head outputs
-        t = scale * torch.randn(c.n_layers, c.n_heads, c.d_head, generator=gen).to(device=c.device, dtype=c.dtype)
-        want = hooked.logits(tokens[:, -1], prefix, alpha, t)
-        got = packed.logits(tokens[:, -1], packed.prefix(tokens[:, :-1]), alpha, t)
-        err = float((got - want).abs().max() / want.abs().max().clamp(min=1.0))
-        if n >= 4:  # and a span of three tokens after a shorter prefix (the sequence objective)
-            want = hooked.span_logits(tokens[:, -3:], hooked.prefix(tokens[:, :-3]), alpha, t)
-            got = packed.span_logits(tokens[:, -3:], packed.prefix(tokens[:, :-3]), alpha, t)
-            err = max(err, float((got - want).abs().max() / want.abs().max().clamp(min=1.0)))
-    return err
+    tokens, alpha, t = probe_inputs(model)
+    reference = _engine(model).reference(model)
+    with torch.no_grad():  # t on the scale of real head outputs
+        scale = reference.prefix(tokens[:, :-1]).values[0].abs().mean().clamp(min=1e-3)
+    return agreement(packed, reference, tokens, alpha, scale * t)
 
 
 def backend_for(model: Model, kind: str | None = None) -> Backend:
@@ -316,7 +303,7 @@ def backend_for(model: Model, kind: str | None = None) -> Backend:
                     raise
                 err = float("inf")
                 log.warning("bridge: the packed engine cannot pack this model (%s: %s)", type(e).__name__, e)
-            if err <= PROBE_TOL:
+            if err <= tolerance(model.cfg.dtype):
                 packed.reason = (
                     f"{architecture(model)}, agrees with {engine.reference_name} to {err:.1e} on a probe prompt"
                 )

@@ -31,10 +31,10 @@ from transformer_lens.utilities import get_act_name
 from ..gate import Hooks, injection_hooks
 from ..models.engines import weights_stamp
 from .prefix import Prefix, check_rows
+from .probe import agreement, probe_inputs, relative_error, tolerance
 
 log = logging.getLogger(__name__)
 
-PROBE_TOL = 1e-4  # cached vs full forward: max |difference| over max |logit| (at least 8 eps of the dtype)
 _CACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> (weights stamp, cached path agrees)
 _POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> {hook name or alias: HookPoint}
 
@@ -276,29 +276,11 @@ class BridgeDecoder:
 def probe_error(model) -> float:
     """Max |cached - full forward| logit, relative to the largest, on a seeded prompt: a gated last token,
     a three-token span, and a padded prefill with one decode step."""
-    c = model.cfg
-    dev = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(0)
-    n = 12
-    tokens = torch.randint(0, c.d_vocab, (2, n), generator=gen).to(dev)
-    alpha = torch.rand(c.n_layers, c.n_heads, generator=gen)
-    t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=gen) * 0.1
+    tokens, alpha, t = probe_inputs(model, n=12, rows=2)
+    n, dev, t = tokens.shape[1], tokens.device, 0.1 * t
     cached, full = BridgeBackend(model, cached=True), BridgeBackend(model, cached=False)
-
-    def rel(a: Tensor, b: Tensor) -> float:
-        return float((a - b).abs().max() / b.abs().max().clamp(min=1.0))
-
-    err = rel(
-        cached.logits(tokens[:, -1], cached.prefix(tokens[:, :-1]), alpha, t),
-        full.logits(tokens[:, -1], full.prefix(tokens[:, :-1]), alpha, t),
-    )
-    err = max(
-        err,
-        rel(
-            cached.span_logits(tokens[:, -3:], cached.prefix(tokens[:, :-3]), alpha, t),
-            full.span_logits(tokens[:, -3:], full.prefix(tokens[:, :-3]), alpha, t),
-        ),
-    )
+    err = agreement(cached, full, tokens, alpha, t)
+    rel = relative_error
     lengths = torch.tensor([n - 4, n - 1], device=dev)  # right-padded rows of two lengths
     mask = (torch.arange(n - 1, device=dev)[None] < lengths[:, None]).long()
     first, decoder = cached.prefill(tokens[:, :-1], mask, lengths - 1, [], 2)
@@ -329,8 +311,7 @@ def cache_agrees(model) -> bool:
         why = str(e).splitlines()[-1][-160:]  # the message can embed a whole module's repr
         log.warning("bridge: no KV-cache path for this architecture (%s); prefixes are re-run", why)
         err = float("inf")
-    tol = max(PROBE_TOL, 8 * torch.finfo(model.cfg.dtype).eps)
-    ok = err <= tol
+    ok = err <= tolerance(model.cfg.dtype)
     if not ok and err != float("inf"):
         log.warning(
             "bridge: the KV-cache path differs from the full forward by %.1e on the probe; prefixes are re-run", err
