@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -29,10 +28,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
-from .models.engines import Model
+from .types import HookFactory, Hooks, Model
 
-Hooks = list[tuple[str, Callable]]
-HookFactory = Callable[[Tensor], Hooks]  # last-token index per row -> hooks for the prefill
+__all__ = ["GATE_KINDS", "AlphaGate", "GateSpec", "HardConcreteGate", "HookFactory", "Hooks", "gate_hook",
+           "injection_hooks", "stretch_clip", "z_names"]  # fmt: skip
 
 
 def z_names(model: Model) -> list[str]:

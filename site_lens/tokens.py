@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .models.engines import Model
 from .tasks import answer_sep
+from .types import Model
 
 
 class PromptTooLongError(ValueError):

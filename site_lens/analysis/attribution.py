@@ -35,10 +35,10 @@ from torch import Tensor
 
 from ..engine.backend import backend_for, last_logits
 from ..gate import injection_hooks
-from ..models.engines import Model
 from ..stages.training import frozen
 from ..tasks import Task, zero_shot_prompts
 from ..tokens import GRAD_CELLS, Example, check_context, fit_batches, make_examples, pad_id, pad_right
+from ..types import Model
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..engine.backend import backend_for
-from ..models.engines import Model
 from ..progress import Progress
 from ..stats import pearson, spearman
 from ..tasks import Pair, Task, build_prompt, check_enough
 from ..tokens import answer_ids, check_context, encode
+from ..types import Model
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..metrics import exact_match, first_token_accuracy, settled_match
-from ..models.engines import Model
 from ..stages.generation import generate_under_gates
 from ..stats import top_k_mask, wilson_interval
 from ..tasks import Task, zero_shot_prompts
 from ..tokens import answer_ids, encode
+from ..types import Model
 from .overlap import jaccard
 
 HeadMask = Bool[Tensor, "layer head_index"]

@@ -25,9 +25,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..adapter import Adapter
-from ..models.engines import Model
 from ..stats import pearson, spearman, top_k_mask
 from ..tasks import Task
+from ..types import Model
 from .patching import patch_accuracy, patch_cache, patch_data
 
 Alphas = Mapping[str, Float[Tensor, "layer head_index"]]

@@ -48,11 +48,11 @@ from torch import Tensor
 
 from ..engine.prompt_cache import PromptCache
 from ..metrics import answer_probability, first_token_accuracy
-from ..models.engines import Model
 from ..stages.embeddings import last_token_z
 from ..stats import top_k_mask
 from ..tasks import Task, sample_icl_prompts, zero_shot_prompts
 from ..tokens import Example, encode, make_examples
+from ..types import Model
 
 log = logging.getLogger(__name__)
 HeadMask = Bool[Tensor, "layer head_index"]

@@ -30,8 +30,8 @@ import pandas as pd
 import torch
 
 from ..config import SiteConfig
-from ..models.engines import Model
 from ..tasks import Task, category, load_task
+from ..types import Model
 from .store import SCHEMA_VERSION, Atlas, AtlasError, key
 
 log = logging.getLogger(__name__)

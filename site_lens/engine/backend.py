@@ -42,7 +42,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..gate import Hooks
-from ..models.engines import Model, architecture, is_bridge, weights_stamp
+from ..models.engines import architecture, is_bridge, weights_stamp
+from ..types import Model
 from .bridge_backend import BridgeBackend, BridgeDecoder
 from .bridge_backend import forget as forget_bridge
 from .bridge_backend import hook_points as bridge_points

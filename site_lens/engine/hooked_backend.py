@@ -13,7 +13,8 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
 
 from ..gate import Hooks, injection_hooks
-from ..models.engines import Model, is_bridge
+from ..models.engines import is_bridge
+from ..types import Model
 from .bridge_backend import attached, logits_at_positions
 from .packed import ResidEdits
 from .prefix import Prefix, check_rows

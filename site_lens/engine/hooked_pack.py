@@ -15,7 +15,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 
-from ..models.engines import Model
+from ..types import Model
 from .kernels import available as kernels_available
 from .packed import LastToken
 from .packed_layer import PackedWeights, bias_or_none, pack_block, unsupported

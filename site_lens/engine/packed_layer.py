@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
-from ..models.engines import Model
+from ..types import Model
 from .kernels import rms_norm
 
 Norm = tuple[Tensor, float]  # an RMSNorm's gain and eps

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from ..models.engines import Model
 from ..tokens import Example, by_length, fit_batches
+from ..types import Model
 from .backend import Backend, ResidEdits, backend_for
 from .prefix import Prefix
 

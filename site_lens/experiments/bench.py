@@ -42,9 +42,9 @@ from ..files import write_json_atomic, write_text_atomic
 from ..locks import Locks, owner_tag, temp_is_orphan
 from ..methods import Method, TaskContext, configured, fit_and_score
 from ..models import model_identity
-from ..models.engines import Model
 from ..progress import Progress, write
 from ..tasks import TaskError, available_tasks, load_task  # noqa: F401 (available_tasks: also bench.available_tasks)
+from ..types import Model
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 from .kept_t import ROWS_DIR, T_FILE, keep_t, kept_t, t_label, t_path  # noqa: F401 (T_FILE, t_path: also bench's)
 from .row_spec import row_spec

@@ -21,8 +21,8 @@ from ..adapter import Adapter
 from ..config import ConfigError, EvalConfig, SiteConfig
 from ..methods import ICL, Method, Score, Site, TaskContext, ZeroShot, configured, fit_and_score, score_method
 from ..models import model_identity
-from ..models.engines import Model
 from ..tasks import Task, category, format_query
+from ..types import Model
 
 RUN_METHODS = ("zero_shot", "icl", "site")
 

@@ -42,11 +42,11 @@ from ..analysis.minimal import (
 from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
 from ..files import save_tensors, write_json_atomic, write_text_atomic
 from ..methods.site import fit_site
-from ..models.engines import Model
 from ..models.identity import model_identity
 from ..progress import Progress
 from ..stages.sparse import SparseFit, sparse_path
 from ..tasks import Task, category
+from ..types import Model
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,6 @@ from ..config import TEACHER_FORCED, EmbeddingConfig, EvalConfig, TrainConfig
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, Hooks
 from ..metrics import first_token_accuracy, score
-from ..models.engines import Model
 from ..stages.embeddings import embedding_prompts, task_embedding
 from ..stages.generation import generate_greedy
 from ..stages.objectives import sequence_loss
@@ -45,6 +44,7 @@ from ..stages.training import first_token_loss, frozen, schedule, train_loop
 from ..tasks import Task, category, zero_shot_prompts
 from ..threads import adaptive_threads
 from ..tokens import Example, answer_ids, encode, fit_batches, pad_id, pad_right
+from ..types import Model
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ from transformer_lens.utilities import get_act_name
 
 from ..analysis.cie import causal_indirect_effect
 from ..gate import HookFactory
-from ..models.engines import Model, norm_gain
+from ..models.engines import norm_gain
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task
+from ..types import Model
 from .base import Method, TaskContext, choose_layer, sum_last_token
 
 

@@ -27,9 +27,9 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..gate import Hooks
-from ..models.engines import Model
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task, format_pair
+from ..types import Model
 from .base import Method, TaskContext, TrainConfig, sum_last_token, train_params
 
 KINDS = ("attn_out", "mlp_out")

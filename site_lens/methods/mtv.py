@@ -25,9 +25,9 @@ from torch import Tensor
 from ..config import ConfigError, TrainConfig
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, injection_hooks
-from ..models.engines import Model
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task
+from ..types import Model
 from .base import Method, TaskContext, method_seed
 
 

@@ -26,9 +26,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from ..gate import Hooks
-from ..models.engines import Model, norm_gain
+from ..models.engines import norm_gain
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task
+from ..types import Model
 from .base import Method, TaskContext, TrainConfig, method_seed, train_params
 
 

@@ -23,13 +23,13 @@ from ..config import SiteConfig
 from ..engine.backend import describe
 from ..gate import HookFactory
 from ..models import model_identity
-from ..models.engines import Model
 from ..stages.embeddings import task_embedding
 from ..stages.objectives import train_valid_examples
 from ..stages.selection import AlphaTrainer
 from ..stages.selection_batched import BatchedAlphaTrainer
 from ..stages.training import TrainHistory
 from ..tasks import Task
+from ..types import Model
 from .base import Method, TaskContext
 
 

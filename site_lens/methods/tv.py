@@ -20,9 +20,9 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from ..gate import HookFactory
-from ..models.engines import Model
 from ..stages.objectives import train_valid_examples
 from ..tasks import Task
+from ..types import Model
 from .base import Method, TaskContext, choose_layer, sum_last_token
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from ..locks import owner_tag, temp_is_orphan
-from .engines import PROCESSING_FLAGS, Model, ModelError, hooked_class
+from ..types import Model
+from .engines import PROCESSING_FLAGS, ModelError, hooked_class
 
 
 def fast_layout(model: Model) -> Model:

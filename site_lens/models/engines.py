@@ -4,7 +4,7 @@ Both expose the same hook names (``blocks.{l}.attn.hook_z`` is an alias of the
 bridge's ``attn.o.hook_in``), ``cfg`` with the shape fields site-lens reads,
 ``hooks(...)``, ``run_with_hooks`` and a tokenizer. Where they differ (weight
 layout, KV cache, weight processing) the backend seam (``site_lens.engine.backend``)
-decides; code above it annotates with ``Model`` and never asks which engine
+decides; code above it annotates with ``site_lens.types.Model`` and never asks which engine
 it has.
 
 TransformerLens 4 removed HookedTransformer: there ``HOOKED`` is None, the
@@ -14,9 +14,7 @@ HookedTransformer stays the default (the committed results are on it).
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
-
-from torch import nn
+from typing import Any
 
 try:  # TransformerLens 4 raises ImportError for the removed name
     from transformer_lens import HookedTransformer as _Hooked
@@ -42,8 +40,6 @@ class ModelError(ValueError):
 
 ENGINES = ("hooked", "bridge")
 
-# What site-lens functions take: a HookedTransformer or a TransformerBridge (annotation only).
-Model: TypeAlias = nn.Module
 
 
 def default_engine() -> str:

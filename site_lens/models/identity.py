@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .engines import PROCESSING_FLAGS, Model, ModelError, architecture, is_bridge, weights_stamp
+from ..types import Model
+from .engines import PROCESSING_FLAGS, ModelError, architecture, is_bridge, weights_stamp
 
 # model -> (identity, the flags its weights showed when registered); entries go with their model
 _REGISTRY: weakref.WeakKeyDictionary[Model, tuple[dict[str, Any], dict[str, bool | None]]] = weakref.WeakKeyDictionary()

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
+from ..types import Model
 from . import weight_cache as cached
 from .convert import finalize, hooked_from_gguf, join_gguf
 from .embedded import EMBEDDED_MODELS, EmbeddedModel, default_cache_dir
-from .engines import PROCESSING_FLAGS, Model, ModelError, check_engine, hooked_class
+from .engines import PROCESSING_FLAGS, ModelError, check_engine, hooked_class
 from .identity import model_identity, register
 
 __all__ = [

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
+from ..types import Model
 from .convert import PROCESSING_FLAGS, finalize, new_hooked
-from .engines import Model, ModelError, hooked_class
+from .engines import ModelError, hooked_class
 from .identity import register
 
 # the architectures tiny_hf builds (transformers model types)

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from ..files import plain_modes
+from ..types import Model
 from .convert import finalize, new_hooked
-from .engines import Model
 
 log = logging.getLogger(__name__)
 

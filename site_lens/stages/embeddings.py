@@ -22,10 +22,10 @@ from transformer_lens.hook_points import HookPoint
 
 from ..config import EmbeddingConfig
 from ..gate import z_names
-from ..models.engines import Model
 from ..tasks import Task, check_enough, sample_icl_prompts
 from ..threads import adapt, adaptive_threads
 from ..tokens import check_context, encode, fit_batches, pad_id, pad_right
+from ..types import Model
 
 
 def capture_last_hook(

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from ..engine.backend import Backend, Decoder, PackedBackend, PackedDecoder, backend_for, last_logits
 from ..gate import HookFactory, injection_hooks
-from ..models.engines import Model
 from ..threads import adapt, adaptive_threads
 from ..tokens import by_length, check_context, fit_batches, generation_stop_ids, pad_id, pad_right
+from ..types import Model
 
 Finished = Callable[[int, list[int]], bool]  # (row or prompt index, its tokens so far) -> stop that row
 

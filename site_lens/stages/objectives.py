@@ -46,9 +46,9 @@ from ..config import OBJECTIVES
 from ..engine.backend import Backend, logits_at
 from ..engine.prompt_cache import PromptCache
 from ..gate import HookFactory, Hooks
-from ..models.engines import Model
 from ..tasks import Task, answer_sep, zero_shot_prompts
 from ..tokens import GRAD_CELLS, Example, encode, fit_batches, make_examples, newline_ids, pad_id, pad_right
+from ..types import Model
 
 DEMO_END = "\n\n"  # what follows an answer in a demonstration (tasks.format_demo)
 

@@ -19,8 +19,8 @@ import torch
 
 from ..engine.backend import backend_for, logits_at
 from ..gate import HookFactory, Hooks
-from ..models.engines import Model
 from ..tokens import answer_ids, check_context, encode, pad_id, pad_right
+from ..types import Model
 
 
 @torch.inference_mode()

@@ -30,8 +30,8 @@ from ..config import TEACHER_FORCED, EngineConfig, SelectionConfig
 from ..engine.backend import Backend, backend_for
 from ..engine.prompt_cache import PromptCache
 from ..gate import AlphaGate
-from ..models.engines import Model
 from ..tokens import Example
+from ..types import Model
 from .objectives import SequenceCache, sequence_loss
 from .training import TrainHistory, first_token_loss, frozen, schedule, train_loop
 

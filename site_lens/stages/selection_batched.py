@@ -31,8 +31,8 @@ from torch import Tensor, nn
 from ..config import ConfigError, EngineConfig, SelectionConfig
 from ..engine.backend import Backend, backend_for
 from ..engine.prompt_cache import PromptCache
-from ..models.engines import Model
 from ..tokens import Example
+from ..types import Model
 from .training import TrainHistory, frozen, schedule, train_loop_many
 
 

@@ -24,8 +24,8 @@ from ..config import ConfigError, EngineConfig, SelectionConfig
 from ..engine.backend import backend_for
 from ..engine.prompt_cache import PromptCache
 from ..gate import AlphaGate
-from ..models.engines import Model
 from ..tasks import Task
+from ..types import Model
 from .objectives import train_valid_examples
 from .training import TrainHistory, frozen, schedule, train_loop
 

@@ -39,9 +39,9 @@ from ..adapter import Adapter
 from ..config import ConfigError, EngineConfig, SelectionConfig, SiteConfig, SparsityConfig
 from ..gate import AlphaGate, HardConcreteGate
 from ..models import model_identity
-from ..models.engines import Model
 from ..tasks import Task
 from ..tokens import Example
+from ..types import Model
 from .embeddings import task_embedding
 from .objectives import train_valid_examples
 from .selection import AlphaTrainer

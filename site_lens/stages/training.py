@@ -26,9 +26,9 @@ from torch import Tensor, nn
 
 from ..engine.backend import last_logits
 from ..gate import HookFactory, Hooks
-from ..models.engines import Model
 from ..threads import adapt, adaptive_threads
 from ..tokens import GRAD_CELLS, Example, fit_batches, pad_id, pad_right
+from ..types import Model
 
 log = logging.getLogger(__name__)
 
