@@ -34,7 +34,7 @@ _API = {
     "stages.generation": ("generate_greedy",),
     "experiments.run": ("evaluate", "predict", "predict_with_logits", "run_task"),
     "experiments.sweep": ("minimal_sets",),
-    "gate": ("AlphaGate", "gate_hook", "injection_hooks"),
+    "gate": ("AlphaGate", "Injection", "gate_hook", "injection_hooks"),
     "methods": ("SiteFit", "fit_site", "fit_site_many"),
     "metrics": ("exact_match", "normalize", "strict_match"),
     "models": ("load_model", "model_identity"),
@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from .config import EmbeddingConfig, EngineConfig, EvalConfig, SelectionConfig, SiteConfig, SparsityConfig
     from .experiments.run import evaluate, predict, predict_with_logits, run_task
     from .experiments.sweep import minimal_sets
-    from .gate import AlphaGate, gate_hook, injection_hooks
+    from .gate import AlphaGate, Injection, gate_hook, injection_hooks
     from .methods import SiteFit, fit_site, fit_site_many
     from .metrics import exact_match, normalize, strict_match
     from .models import load_model, model_identity
@@ -75,6 +75,7 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "HeadSet",
+    "Injection",
     "SelectionConfig",
     "SiteConfig",
     "SiteFit",

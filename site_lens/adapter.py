@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .files import plain_modes
-from .gate import GateSpec, Hooks, injection_hooks
+from .gate import GateSpec, Hooks, Injection
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "adapter.safetensors"
@@ -72,10 +72,14 @@ class Adapter:
         """The gate's alpha for theta: sigmoid(theta) for SITE (``gate.GateSpec``)."""
         return self.gate.alpha(self.theta)
 
+    def injection(self, device: Any = None, dtype: torch.dtype | None = None, at: Tensor | int = -1) -> Injection:
+        """The adapter's ``gate.Injection`` (t and alpha on ``device`` in ``dtype``) at each row's last prompt token
+        ``at``."""
+        return Injection(self.t.to(device=device, dtype=dtype), self.alpha.to(device=device, dtype=dtype), at)
+
     def hooks(self, model, pos: Tensor | int = -1) -> Hooks:
         """Injection hooks for ``model`` (t and alpha on its device and in its dtype) at position ``pos`` of each row."""
-        dev, dt = model.cfg.device, model.cfg.dtype
-        return injection_hooks(model, self.t.to(device=dev, dtype=dt), self.alpha.to(device=dev, dtype=dt), pos)
+        return self.injection(model.cfg.device, model.cfg.dtype, pos).hooks(model)
 
     def check_model(self, identity: dict[str, Any]) -> None:
         """Raise AdapterError unless ``identity`` (of a loaded model) matches this adapter's.

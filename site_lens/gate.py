@@ -30,8 +30,8 @@ from transformer_lens.utilities import get_act_name
 
 from .types import HookFactory, Hooks, Model
 
-__all__ = ["GATE_KINDS", "AlphaGate", "GateSpec", "HardConcreteGate", "HookFactory", "Hooks", "gate_hook",
-           "injection_hooks", "stretch_clip", "z_names"]  # fmt: skip
+__all__ = ["GATE_KINDS", "AlphaGate", "GateSpec", "HardConcreteGate", "HookFactory", "Hooks", "Injection",
+           "gate_hook", "injection_hooks", "stretch_clip", "z_names"]  # fmt: skip
 
 
 def z_names(model: Model) -> list[str]:
@@ -204,13 +204,69 @@ def gate_hook(
     return z.index_put((rows, pos), new)
 
 
+@dataclass(frozen=True, eq=False)
+class Injection:
+    """SITE's intervention as one record (pyvene's shape: a source, a weight, a mix and a place).
+
+    ``t`` is mixed into every layer's ``hook_z`` with weight ``alpha``, ``(1 - alpha) z + alpha t``
+    (``AlphaGate.mix``, in ``gate_hook``), at ``at``: each row's last prompt token, as its position in
+    the sequence (one int for every row or one per row; a negative int counts from the end of the
+    forward). A forward that runs the positions ``start`` onward of each row (after a cached prefix
+    of that length) finds it at ``at - start`` (``where``); where that is before its first position,
+    as in every decode step after the prefill, it injects nothing. The one rule every path reads
+    here: the hooks of either model class, the cached and re-run backends, generation (its cached
+    and uncached decoders) and the Hugging Face hooks (``models.hf``); the packed forward
+    (``engine.packed``) mixes at its first new token, the last prompt token after a cached prefix.
+
+    Example:
+        >>> import torch
+        >>> inj = Injection(torch.zeros(2, 4, 8), torch.full((2, 4), 0.5), at=6)  # t, alpha, last prompt token
+        >>> inj.where(start=0), inj.where(start=6), inj.where(start=7)  # a whole prompt, its last token, a decode step
+        (6, 0, None)
+    """
+
+    t: Tensor  # (*trows, layer, head, d_head)
+    alpha: Tensor  # (*arows, layer, head)
+    at: Tensor | int = -1  # the last prompt token: its position, one for all rows (int) or one per row
+
+    def where(self, start: int = 0) -> Tensor | int | None:
+        """The injection's position among the forward's own, which begin at ``start``; None: not in this forward."""
+        if isinstance(self.at, int):
+            if self.at < 0:
+                return self.at  # from the end of whatever runs
+            return self.at - start if self.at >= start else None
+        rel = self.at - start
+        inside = rel >= 0
+        if bool(inside.all()):
+            return rel
+        if bool(inside.any()):
+            raise ValueError(f"some rows' last prompt token is before position {start} and some after it")
+        return None
+
+    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
+        """That layer's t (*trows, head, d_head) and alpha (*arows, head)."""
+        return self.t.select(-3, layer), self.alpha.select(-2, layer)
+
+    def hooks(self, model: Model, start: int = 0) -> Hooks:
+        """One ``gate_hook`` per layer for a forward over positions ``start`` onward (none where the last prompt
+        token is not among them)."""
+        pos = self.where(start)
+        if pos is None:
+            return []
+        return [
+            (name, partial(gate_hook, t=t, alpha=alpha, pos=pos))
+            for name, (t, alpha) in zip(z_names(model), map(self.layer, range(model.cfg.n_layers)))
+        ]
+
+
 def injection_hooks(
     model: Model,
     t: Float[Tensor, "*trows layer head_index d_head"],
     alpha: Float[Tensor, "*arows layer head_index"],
     pos: Int[Tensor, " batch"] | int = -1,
 ) -> Hooks:
-    """One ``gate_hook`` per layer, bound to that layer's t and alpha (each one for all rows or one per row).
+    """One ``gate_hook`` per layer, bound to that layer's t and alpha (each one for all rows or one per row), at
+    ``pos`` of the forward (``Injection(t, alpha, pos).hooks(model)``).
 
     Example:
         >>> import torch
@@ -226,7 +282,4 @@ def injection_hooks(
         >>> logits.shape
         torch.Size([1, 3, 50])
     """
-    return [
-        (name, partial(gate_hook, t=t.select(-3, layer), alpha=alpha.select(-2, layer), pos=pos))
-        for layer, name in enumerate(z_names(model))
-    ]
+    return Injection(t, alpha, pos).hooks(model)

@@ -293,3 +293,31 @@ def test_generation_under_gates_is_the_same_on_either_backend(model):
         assert torch.allclose(first, first_h, atol=1e-5)
         assert short == [g[: i + 1] for i, g in enumerate(gen)] != gen  # rows stopped early, the rest unchanged
     assert full[0][0] != full[1][0]  # the gates differ, so the comparison can tell them apart
+
+
+def test_injection_record_says_where_in_each_forward():
+    """One rule for every path: the last prompt token at ``at``; a forward from ``start`` finds it at at - start,
+    and one that starts after it (a decode step) injects nothing."""
+    from site_lens.gate import Injection
+
+    model = tiny_model()
+    c = model.cfg
+    t, alpha = torch.randn(c.n_layers, c.n_heads, c.d_head), torch.rand(c.n_layers, c.n_heads)
+    at = torch.tensor([4, 6])
+    inj = Injection(t, alpha, at)
+    assert torch.equal(inj.where(0), at) and torch.equal(inj.where(4), torch.tensor([0, 2]))
+    assert inj.where(7) is None and inj.hooks(model, start=7) == []
+    with pytest.raises(ValueError, match="before position 5 and some after"):
+        inj.where(5)
+    assert Injection(t, alpha, -1).where(9) == -1  # counted from the end of whatever runs
+    # the whole sequence from 0 and its last token after a cached prefix of 6 inject the same
+    tokens = torch.randint(1, c.d_vocab, (1, 7))
+    one = Injection(t, alpha, 6)
+    with model.hooks(fwd_hooks=one.hooks(model)):
+        whole = model(tokens)[0, -1]
+    from site_lens.engine.backend import backend_for
+
+    hooked = backend_for(model, "hooked")
+    cached = hooked.logits(tokens[:, -1], hooked.prefix(tokens[:, :-1]), alpha, t)[0]
+    assert torch.allclose(whole, cached, atol=1e-5)
+    assert not torch.allclose(whole, model(tokens)[0, -1], atol=1e-3)  # and the injection changed the logits

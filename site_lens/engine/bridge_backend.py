@@ -28,7 +28,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
-from ..gate import Hooks, injection_hooks
+from ..gate import Hooks, Injection
 from ..models.engines import weights_stamp
 from .prefix import Prefix, check_rows
 from .probe import agreement, probe_inputs, relative_error, tolerance
@@ -193,8 +193,8 @@ class BridgeBackend:
         """Logits of the token after each row's prefix (see ``LastToken.logits`` for the arguments)."""
         check_rows(tokens.shape[0], prefix, alpha)
         hooks: Hooks = []
-        if alpha is not None and t is not None:
-            hooks += injection_hooks(self.model, t, alpha, 0)
+        if alpha is not None and t is not None:  # the new token is the last prompt token
+            hooks += Injection(t, alpha, at=prefix.length).hooks(self.model, start=prefix.length)
         for layer, edit in (resid_edits or {}).items():
             hooks.append((get_act_name("resid_pre", layer), partial(_edit_at, edit=edit, pos=0)))
         return self.run(tokens[:, None], prefix, hooks)[:, 0]
@@ -202,7 +202,7 @@ class BridgeBackend:
     def span_logits(self, tokens, prefix, alpha=None, t=None) -> Tensor:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
         check_rows(tokens.shape[0], prefix, alpha, "spans")
-        hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
+        hooks = [] if alpha is None or t is None else Injection(t, alpha, prefix.length).hooks(self.model, prefix.length)
         return self.run(tokens, prefix, hooks)
 
     # ------------------------------------------------------------ generation

@@ -12,7 +12,7 @@ from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
 
-from ..gate import Hooks, injection_hooks
+from ..gate import Hooks, Injection
 from ..models.engines import is_bridge
 from ..types import Model
 from .bridge_backend import attached, logits_at_positions
@@ -118,8 +118,8 @@ class HookedBackend:
         B = tokens.shape[0]
         check_rows(B, prefix, alpha)
         hooks: Hooks = []
-        if alpha is not None and t is not None:
-            hooks += injection_hooks(self.model, t, alpha, 0)
+        if alpha is not None and t is not None:  # the new token is the last prompt token
+            hooks += Injection(t, alpha, at=prefix.length).hooks(self.model, start=prefix.length)
         for layer, edit in (resid_edits or {}).items():
             hooks.append((get_act_name("resid_pre", layer), lambda r, hook, edit=edit: edit(r[:, 0])[:, None]))
         zero = torch.zeros(B, dtype=torch.long, device=tokens.device)
@@ -137,7 +137,7 @@ class HookedBackend:
         """Logits after each of n tokens following each row's prefix, the gate at the first (``LastToken.span_logits``)."""
         B = tokens.shape[0]
         check_rows(B, prefix, alpha, "spans")
-        hooks = injection_hooks(self.model, t, alpha, 0) if alpha is not None and t is not None else []
+        hooks = [] if alpha is None or t is None else Injection(t, alpha, prefix.length).hooks(self.model, prefix.length)
         cache = self.frozen_cache(prefix, B)
         return self.model.run_with_hooks(
             tokens, attention_mask=torch.ones_like(tokens), past_kv_cache=cache, fwd_hooks=hooks

@@ -18,7 +18,7 @@ model's weights, a ``packed_layer.PackedWeights`` record holding one
                 resid  += (act(rms(resid) @ W_gate) * (rms(resid) @ W_in)) @ W_out
     logits = rms(resid) @ W_U
 
-It is the hooked model's computation with ``injection_hooks`` at the last
+It is the hooked model's computation with ``gate.Injection``'s hooks at the last
 token, without hooks, TransformerLens's per-call reshapes and weight copies,
 or re-rotating the whole cache each call. One forward (``_forward``) serves
 three entry points, which differ in what the new tokens attend to and where

@@ -11,7 +11,7 @@ at each row's last prompt token p_b (the last 1 of its attention mask, so left o
 right padding) in every forward pass that starts with an empty cache: the prefill
 of ``model.generate``, or a plain forward. Decode steps, whose cache already holds
 the prompt, are left alone, so no generated token is injected, as in site-lens's
-own generation. t and alpha are moved to each layer's device and dtype (a
+own generation (``gate.Injection``, the rule every path reads). t and alpha are moved to each layer's device and dtype (a
 ``device_map`` that splits the model, a layer kept in another dtype).
 
     model, tok = load_hf_model("smollm2-135m")         # or any transformers causal LM you loaded
@@ -48,7 +48,7 @@ from torch import Tensor
 
 from ..adapter import Adapter, AdapterError
 from ..files import plain_modes
-from ..gate import AlphaGate
+from ..gate import AlphaGate, Injection
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, hf_architecture, join_gguf
 from .identity import hf_name, hf_weights_digest, output_projections, record_source, source_of
@@ -204,8 +204,8 @@ def inject(model: Any, adapter: Adapter, *, check: bool = True) -> Iterator[None
     n_layers, n_heads, d_head = adapter.t.shape
     if len(projs) != n_layers:
         raise AdapterError(f"adapter has {n_layers} layers, this model {len(projs)}")
-    alpha = adapter.alpha.detach()
-    state: dict[str, Tensor | None] = {"pos": None}  # each row's last prompt index during a prefill forward
+    t_all, alpha = adapter.t.detach(), adapter.alpha.detach()
+    state: dict[str, Any] = {"injection": None, "start": 0}  # the running forward's Injection, its first position
     moved: dict[tuple[int, torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
 
     signature = inspect.signature(model.forward)
@@ -217,27 +217,33 @@ def inject(model: Any, adapter: Adapter, *, check: bool = True) -> Iterator[None
             pass
         x = kwargs.get("input_ids")
         x = x if x is not None else kwargs.get("inputs_embeds")
-        if x is None or _past_length(kwargs) > 0:
-            state["pos"] = None
+        past = _past_length(kwargs)
+        if x is None:
+            state["injection"] = None
             return
         n = x.shape[1]
         mask = kwargs.get("attention_mask")
-        if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[1] == n:
-            state["pos"] = n - 1 - mask.ne(0).flip(1).int().argmax(1)  # the last 1 of each row
+        if past > 0:  # a decode step: the prompt, its last token too, is in the cache
+            at: Tensor | int = past - 1
+        elif isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[1] == n:
+            at = n - 1 - mask.ne(0).flip(1).int().argmax(1)  # the last 1 of each row
         else:
-            state["pos"] = torch.full((x.shape[0],), n - 1, dtype=torch.long)
+            at = torch.full((x.shape[0],), n - 1, dtype=torch.long)
+        state["injection"], state["start"] = Injection(t_all, alpha, at), past
 
     def stop(module, args, output):
-        state["pos"] = None
+        state["injection"] = None
 
     def mix(layer, module, args):
-        pos = state["pos"]
+        injection = state["injection"]
+        pos = None if injection is None else injection.where(state["start"])  # None: not in this forward
         if pos is None:
             return None
         x = args[0]  # (batch, pos, head * d_head)
         key = (layer, x.device, x.dtype)
         if key not in moved:
-            moved[key] = (adapter.t[layer].to(x.device, x.dtype), alpha[layer, :, None].to(x.device, x.dtype))
+            t, a = injection.layer(layer)
+            moved[key] = (t.to(x.device, x.dtype), a[:, None].to(x.device, x.dtype))
         t, a = moved[key]  # (head, d_head), (head, 1)
         rows = torch.arange(x.shape[0], device=x.device)
         p = pos.to(x.device)

@@ -19,7 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..engine.backend import Backend, Decoder, PackedBackend, PackedDecoder, backend_for, last_logits
-from ..gate import HookFactory, injection_hooks
+from ..gate import HookFactory, Injection
 from ..threads import adapt, adaptive_threads
 from ..tokens import by_length, check_context, fit_batches, generation_stop_ids, pad_id, pad_right
 from ..types import Model
@@ -188,7 +188,7 @@ def generate_under_gates(
                 model,
                 prompts,
                 max_new_tokens=max_new_tokens,
-                prefill_hooks=lambda last, a=a: injection_hooks(model, t, a.to(device=dev, dtype=dt), last),
+                prefill_hooks=lambda last, a=a: Injection(t, a.to(device=dev, dtype=dt), at=last).hooks(model),
                 batch_size=batch_size,
                 finished=finished,
             )
