@@ -238,7 +238,7 @@ class MinimalConfig(_Config):
         bad = [p for p in self.penalties if p not in ("l0", "l1")]
         if bad or not self.penalties:
             raise ConfigError(f"MinimalConfig.penalties must be l0, l1 or both, got {','.join(self.penalties) or 'none'}")
-        for name in ("weights_l0", "weights_l1"):
+        for name in (f"weights_{p}" for p in self.penalties):
             ws = getattr(self, name)
             if not ws or list(ws) != sorted(ws) or min(ws) < 0 or not all(map(math.isfinite, ws)):
                 raise ConfigError(f"MinimalConfig.{name} must be numbers >= 0 in increasing order, got {','.join(map(str, ws))}")

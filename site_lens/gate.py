@@ -213,7 +213,8 @@ class Injection:
     the sequence (one int for every row or one per row; a negative int counts from the end of the
     forward). A forward that runs the positions ``start`` onward of each row (after a cached prefix
     of that length) finds it at ``at - start`` (``where``); where that is before its first position,
-    as in every decode step after the prefill, it injects nothing. The one rule every path reads
+    as in every decode step after the prefill, it injects nothing (a negative ``at`` means the end of
+    every forward instead, as ``gate_hook``'s ``pos=-1`` does). The one rule every path reads
     here: the hooks of either model class, the cached and re-run backends, generation (its cached
     and uncached decoders) and the Hugging Face hooks (``models.hf``); the packed forward
     (``engine.packed``) mixes at its first new token, the last prompt token after a cached prefix.
@@ -235,6 +236,10 @@ class Injection:
             if self.at < 0:
                 return self.at  # from the end of whatever runs
             return self.at - start if self.at >= start else None
+        if start == 0:
+            return self.at  # a whole sequence: each row's own position (a negative one from the end)
+        if bool((self.at < 0).any()):
+            raise ValueError(f"positions counted from the end cannot be placed in a forward from position {start}")
         rel = self.at - start
         inside = rel >= 0
         if bool(inside.all()):

@@ -243,7 +243,7 @@ def test_row_spec_keys_each_method_on_what_changes_its_numbers():
     )
     assert bench.row_spec("m", steps, "site")["settings"] == {"selection.steps": 7}  # backend, batch sizes: no effect
     naive = SiteConfig(eval=EvalConfig(max_test=50), engine=EngineConfig(fast=False))
-    assert bench.row_spec("m", naive, "site")["settings"] == {"engine.fast": False}  # whole prompts: kept apart
+    assert bench.row_spec("m", naive, "site")["settings"] == {"selection.fast": False}  # whole prompts: kept apart
     assert bench.row_spec("m", naive, "icl") == old
     assert bench.row_spec("m", steps, "zero_shot") == old  # SITE's budget does not touch the other rows
     shots = SiteConfig(embedding=EmbeddingConfig(n_shots=3), eval=EvalConfig(max_test=50))

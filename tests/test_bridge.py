@@ -374,3 +374,39 @@ def test_tiny_model_as_a_bridge_has_the_tiny_shape_and_refuses_what_it_cannot_bu
         _tiny_bridge(char_tokenizer(), {"d_vocab": 60})
     with pytest.raises(ModelError, match="at most 101 ids, not 500: pass one"):
         _tiny_bridge(None, {"d_vocab": 500})
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_packed_bridge_rotary_tables_grow_as_the_model_computes_them(arch):
+    """pack_bridge's tables start at 2,048 positions and grow on demand (LastToken.cover); the grown rows equal the
+    model's own rotary embedding there and the first rows are unchanged."""
+    from site_lens.engine.bridge_pack import pack_bridge
+    from site_lens.engine.packed import LastToken
+
+    bridge = tiny_bridge(arch, char_tokenizer())
+    runner = LastToken(pack_bridge(bridge))
+    before = [w.cos.clone() for w in runner.layers]
+    assert before[0].shape[0] == 2048
+    runner.cover(3000)
+    hf = bridge.original_model
+    x = torch.zeros(1, 1, bridge.cfg.d_head)
+    types = list(getattr(hf.config, "layer_types", None) or []) or [None] * len(runner.layers)
+    for w, old, kind in zip(runner.layers, before, types):
+        assert w.cos.shape[0] >= 3000 and torch.equal(w.cos[:2048], old)
+        args = (x, torch.tensor([[2999]])) if kind is None else (x, torch.tensor([[2999]]), kind)
+        cos, sin = hf.model.rotary_emb(*args)
+        assert torch.allclose(w.cos[2999], cos[0, 0], atol=1e-6) and torch.allclose(w.sin[2999], sin[0, 0], atol=1e-6)
+
+
+def test_pack_bridge_refuses_what_its_config_says_it_cannot_run(tok):
+    """The structural checks run where the packing does (a float16 bridge here), as pack_hooked's do."""
+    from site_lens.engine.bridge_pack import pack_bridge, unpackable
+
+    bridge = tiny_bridge("llama", tok)
+    assert unpackable(bridge) is None
+    bridge.cfg.dtype = torch.float16
+    with pytest.raises(ValueError, match="dtype is not float32/float64"):
+        pack_bridge(bridge)
+    gpt2 = tiny_bridge("gpt2", char_tokenizer())
+    with pytest.raises(ValueError, match="architecture GPT2LMHeadModel is not one the packed path covers"):
+        pack_bridge(gpt2)

@@ -105,6 +105,7 @@ def test_every_subcommands_help_loads_no_torch():
         ["bench", "--seeds", "x"],
         ["predict", "--adapter", "a", "--engine", "nope"],
         ["analyse", "--runs", "r", "--max-test", "-3"],
+        ["sparsify", "--tasks", "x", "--ks", "0,2"],
     ],
 )
 def test_argument_errors_load_no_torch(argv):

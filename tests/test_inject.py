@@ -310,6 +310,16 @@ def test_injection_record_says_where_in_each_forward():
     with pytest.raises(ValueError, match="before position 5 and some after"):
         inj.where(5)
     assert Injection(t, alpha, -1).where(9) == -1  # counted from the end of whatever runs
+    back = torch.tensor([-1, -2])  # one per row, from the end: a whole sequence only
+    assert torch.equal(Injection(t, alpha, back).where(0), back)
+    with pytest.raises(ValueError, match="counted from the end cannot be placed in a forward from position 3"):
+        Injection(t, alpha, back).where(3)
+    z = torch.zeros(2, 5, c.n_heads, c.d_head)
+    hook = dict(Injection(t, alpha, back).hooks(model))["blocks.0.attn.hook_z"]
+    from transformer_lens.hook_points import HookPoint
+
+    out = hook(z, HookPoint())
+    assert out[0, 4].ne(0).any() and out[1, 3].ne(0).any() and out[0, :4].eq(0).all() and out[1, 4].eq(0).all()
     # the whole sequence from 0 and its last token after a cached prefix of 6 inject the same
     tokens = torch.randint(1, c.d_vocab, (1, 7))
     one = Injection(t, alpha, 6)

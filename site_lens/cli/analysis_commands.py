@@ -19,6 +19,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..config import ConfigError, MinimalConfig, from_args, site_config_from_args
+
+    cfg, study = site_config_from_args(args), from_args(MinimalConfig, args)  # a bad value fails before torch loads
     from ..experiments import bench
     from ..experiments.minimal_report import write_summaries
     from ..experiments.sweep import add_attribution, is_done, minimal_sets, settings_differ, write_minimal
@@ -26,7 +28,6 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from ..progress import Progress, write
     from ..tasks import TaskError, load_task
 
-    cfg, study = site_config_from_args(args), from_args(MinimalConfig, args)
     if cfg.selection.objective != "first_token":
         raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
     require_data_for_fv(args.tasks, args.data)

@@ -58,6 +58,15 @@ def _activation(cfg) -> str:
 def bridge_unsupported(bridge) -> str | None:
     """Why the packed model cannot run this bridge (None when it can, before the probe check); the check that runs
     the bridge (its KV cache against its forward) only where every other passes."""
+    why = unpackable(bridge)
+    if why is None and not cache_agrees(bridge):
+        why = "the bridge's KV cache (which gives the prefixes) disagrees with its forward"
+    return why
+
+
+def unpackable(bridge) -> str | None:
+    """What in the bridge's architecture, weights, dtype or devices the packed model does not cover (None: nothing;
+    read from its config, nothing run)."""
     hf = bridge.original_model
     arch = architecture(bridge)
     cfg = hf.config
@@ -86,18 +95,18 @@ def bridge_unsupported(bridge) -> str | None:
         (getattr(cfg, "attn_logit_softcapping", None) is not None, "attention soft cap"),
         (getattr(cfg, "final_logit_softcapping", None) is not None, "logit soft cap"),
     ]
-    why = next((why for bad, why in checks if bad), None)
-    if why is None and not cache_agrees(bridge):
-        why = "the bridge's KV cache (which gives the prefixes) disagrees with its forward"
-    return why
+    return next((why for bad, why in checks if bad), None)
 
 
 def pack_bridge(bridge) -> PackedWeights:
     """A bridge's transformers weights packed for ``LastToken``; prefixes from the bridge's KV cache (keys rotated).
 
-    Runs nothing: whether the bridge can be packed (``bridge_unsupported``) is decided before, once, by
-    ``backend.backend_for``.
+    Runs nothing: whether the bridge's KV cache agrees with its forward (``bridge_unsupported``) is decided before,
+    once, by ``backend.backend_for``; what its config says the packed model does not cover is a ValueError here.
     """
+    why = unpackable(bridge)
+    if why is not None:
+        raise ValueError(f"the packed model cannot run this bridge: {why}")
     hf = bridge.original_model
     cfg = hf.config
     gemma = architecture(bridge) == GEMMA

@@ -45,7 +45,7 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
             if getattr(cfg.selection, k) != getattr(default.selection, k):
                 changed[f"selection.{k}"] = getattr(cfg.selection, k)
         if not cfg.engine.fast:  # whole prompts: the same numbers up to float rounding, kept apart all the same
-            changed["engine.fast"] = False
+            changed["selection.fast"] = False  # the key rows recorded when the flag sat in SelectionConfig
     if changed:
         spec["settings"] = changed
     return spec
