@@ -67,7 +67,8 @@ class Prefix:
     def seen_by_next(self, window: int | None) -> Tensor:
         """Right-padded rows (``pad``): which of the ``length`` + 1 slots each row's next token sees, (batch, 1, 1,
         length + 1): its own prefix's slots (within ``window`` of its position, the row's length) and itself."""
-        assert self.lengths is not None, "seen_by_next is for padded prefixes"
+        if self.lengths is None:
+            raise ValueError("seen_by_next is for padded prefixes (Prefix.pad), this one has no row lengths")
         P = self.length
         slot = torch.arange(P + 1, device=self.lengths.device)
         ends = self.lengths[:, None]  # (batch, 1): each row's next token's position

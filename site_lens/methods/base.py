@@ -82,7 +82,8 @@ def sum_last_token(
             model(tokens, stop_at_layer=stop_at_layer or model.cfg.n_layers)
         batch = torch.stack([store[n] for n in names])
         total = batch if total is None else total + batch
-    assert total is not None, "no prompts"
+    if total is None:
+        raise ValueError("sum_last_token needs at least one prompt")
     return total
 
 
