@@ -1,21 +1,18 @@
 """Dataclass configs for the three SITE stages: the single source of their defaults, checks and CLI flags.
 
 Each field has the paper's default (Park et al., 2026, "SITE") and a comment
-that is its ``--help`` text; ``add_arguments`` turns every field into a flag of
-``site-lens run`` / ``bench`` (``metadata={"flag": ...}`` names it where the
-field name would collide or read badly) and ``from_args`` reads it back.
+that is its ``--help`` text; ``site_lens.cli.args`` turns every field into a
+flag of ``site-lens run`` / ``bench`` (``metadata={"flag": ...}`` names it
+where the field name would collide or read badly) and reads it back.
 ``to_dict`` / ``from_dict`` round-trip through JSON and reject unknown keys;
 ``__post_init__`` raises ``ConfigError`` on a bad value.
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound="_Config")
@@ -310,110 +307,3 @@ class SiteConfig(_Config):
             if _is_config(kind) and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
                 got = type(getattr(self, f.name)).__name__
                 raise ConfigError(f"SiteConfig.{f.name} must be an {kind.__name__}, got {got}")  # type: ignore[union-attr]
-
-
-# ---------------------------------------------------------------- command-line flags
-
-
-def field_help(cls: type) -> dict[str, str]:
-    """Each field's trailing comment in the class source (a subclass's over its base's): its help text."""
-    out: dict[str, str] = {}
-    for kind in reversed([k for k in cls.__mro__ if k is not _Config and _is_config(k)]):
-        for line in inspect.getsource(kind).splitlines():
-            m = re.match(r"\s+(\w+): [^#]+#\s*(.+)$", line)
-            if m:
-                out[m.group(1)] = m.group(2).strip()
-    return out
-
-
-def int_or_all(text: str) -> int | None:
-    """An integer, or 'all' (None): the value of an optional count such as ``--max-test``."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'all', got '{text}'") from None
-
-
-def _parse(kind: str):
-    items = re.fullmatch(r"Sequence\[(\w+)\]", kind)  # a comma list, e.g. --ks 1,2,4
-
-    def parse(text: str):
-        if items:
-            one = {"int": int, "float": float, "str": str}[items.group(1)]
-            try:
-                return tuple(one(s.strip()) for s in text.split(",") if s.strip())
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"expected a comma list of {items.group(1)}s, got '{text}'") from None
-        if kind == "int | None":  # an optional count (max_test): 'all' for None
-            return int_or_all(text)
-        return {"int": int, "float": float, "str": str}[kind.split("|")[0].strip()](text)
-
-    parse.__name__ = f"comma list of {items.group(1)}" if items else kind.split("|")[0].strip()  # in argparse's errors
-    return parse
-
-
-def _shown(default: Any) -> str:
-    """A default as the flag takes it: 'all' for None, a comma list for a tuple."""
-    if default is None:
-        return "all"
-    return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
-    """One flag per field of a config dataclass, default and help taken from the class."""
-    group = parser.add_argument_group(title or cls.__name__)
-    helps = field_help(cls)
-    for f in fields(cls):
-        if _is_config(f.default_factory):  # SiteConfig's parts: their own groups
-            continue
-        flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
-        # other names of the flag, e.g. --limit for --max-test (lm-evaluation-harness's name)
-        aliases = [f"--{a}" for a in f.metadata.get("aliases", ())]
-        default = f.default if f.default is not MISSING else None
-        dest = f"{cls.__name__}.{f.name}"
-        text = helps.get(f.name, "")
-        if f.type == "bool":
-            shown = f" (default: {flag if default else '--no-' + flag[2:]})"
-            group.add_argument(
-                flag, *aliases, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text + shown
-            )
-        else:
-            shown = "" if "default" in text else f" (default: {_shown(default)})"
-            metavar = "N|all" if "None" in str(f.type) else flag[2:].upper().replace("-", "_")
-            metavar = "A,B,..." if str(f.type).startswith("Sequence[") else metavar
-            group.add_argument(
-                flag, *aliases, dest=dest, type=_parse(str(f.type)), default=default, metavar=metavar, help=text + shown
-            )
-
-
-def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
-    """The config built from the flags ``add_arguments`` made (and ``extra`` fields)."""
-    values = {
-        f.name: getattr(args, f"{cls.__name__}.{f.name}")
-        for f in fields(cls)
-        if hasattr(args, f"{cls.__name__}.{f.name}")
-    }
-    return cls(**values, **extra)
-
-
-def add_site_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every field of SiteConfig and of its parts (three stages and the engine) as flags."""
-    add_arguments(parser, SiteConfig, "run")
-    add_arguments(parser, EmbeddingConfig, "stage 1: task embedding")
-    add_arguments(parser, SelectionConfig, "stage 2: alpha training")
-    add_arguments(parser, EvalConfig, "stage 3: generation and scoring")
-    add_arguments(parser, EngineConfig, "engine: how the training steps run")
-
-
-def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
-    """The SiteConfig the flags of ``add_site_arguments`` describe (ConfigError on a bad value)."""
-    return from_args(
-        SiteConfig,
-        args,
-        embedding=from_args(EmbeddingConfig, args),
-        selection=from_args(SelectionConfig, args),
-        eval=from_args(EvalConfig, args),
-        engine=from_args(EngineConfig, args),
-    )

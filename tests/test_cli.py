@@ -79,7 +79,8 @@ def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help(
     from dataclasses import MISSING, fields
 
     from site_lens.cli import build_parser
-    from site_lens.config import SiteConfig, field_help
+    from site_lens.cli.args import field_help
+    from site_lens.config import SiteConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
@@ -95,7 +96,7 @@ def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help(
                 action = actions[f"{cls.__name__}.{f.name}"]
                 assert helps[f.name] and action.help.startswith(helps[f.name]), (command, f.name)
     args = parser.parse_args(["bench", "--steps", "7", "--no-keep-best", "--backend", "hooked", "--shots", "3"])
-    from site_lens.config import site_config_from_args
+    from site_lens.cli.args import site_config_from_args
 
     cfg = site_config_from_args(args)
     assert (cfg.selection.steps, cfg.selection.keep_best, cfg.engine.backend, cfg.embedding.n_shots) == (7, False, "hooked", 3)
@@ -290,7 +291,8 @@ def test_sparsify_and_analyse_flags_are_their_configs_fields():
     from dataclasses import fields
 
     from site_lens.cli import build_parser
-    from site_lens.config import AnalyseConfig, MinimalConfig, field_help, from_args
+    from site_lens.cli.args import field_help, from_args
+    from site_lens.config import AnalyseConfig, MinimalConfig
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
@@ -316,7 +318,7 @@ def actions_help(parser, dest: str) -> str:
 
 def test_limit_is_an_alias_of_max_test():
     from site_lens.cli import build_parser
-    from site_lens.config import site_config_from_args
+    from site_lens.cli.args import site_config_from_args
 
     parser = build_parser()
     for argv in (["run", "--task", "x"], ["demo"], ["bench"], ["sparsify", "--tasks", "x"]):

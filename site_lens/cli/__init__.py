@@ -15,9 +15,9 @@ import sys
 import textwrap
 
 from .._version import __version__
-from ..config import AnalyseConfig, MinimalConfig, add_arguments
+from ..config import AnalyseConfig, MinimalConfig
 from .analysis_commands import cmd_analyse, cmd_figures, cmd_sparsify
-from .args import comma_list, positive_int, seed_list
+from .args import add_arguments, comma_list, positive_int, seed_list
 from .atlas import add_atlas_parsers
 from .commands import cmd_bench, cmd_bench_merge, cmd_demo, cmd_predict, cmd_run, cmd_tasks
 from .data import add_data_parsers
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     def site_args(p: argparse.ArgumentParser) -> None:
-        from ..config import add_site_arguments
+        from .args import add_site_arguments
 
         model_args(p)
         data_arg(p)

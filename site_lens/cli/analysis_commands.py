@@ -18,7 +18,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     """Minimal head sets per (task, seed), resumable; then OUT/summary.{csv,md} (and OUT/shared/ with --shared)."""
     import dataclasses
 
-    from ..config import ConfigError, MinimalConfig, from_args, site_config_from_args
+    from ..config import ConfigError, MinimalConfig
+    from .args import from_args, site_config_from_args
 
     cfg, study = site_config_from_args(args), from_args(MinimalConfig, args)  # a bad value fails before torch loads
     from ..experiments import bench
@@ -98,7 +99,8 @@ def _find_runs(root: str):
 
 def cmd_analyse(args: argparse.Namespace) -> int:
     """Patching, CIE and transfer for run folders (loads the model); results go next to the runs."""
-    from ..config import AnalyseConfig, from_args
+    from ..config import AnalyseConfig
+    from .args import from_args
 
     todo = from_args(AnalyseConfig, args)  # a bad value fails before torch is imported or the runs are read
     from ..experiments.report import analyse_runs

@@ -147,9 +147,9 @@ def _rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..config import site_config_from_args
     from ..models import load_model, resolve_model_name
     from ..tasks import load_task
+    from .args import site_config_from_args
 
     cfg = site_config_from_args(args)
     task = load_task(args.task, data_dir=args.data)  # bad task input fails before the model loads
@@ -169,9 +169,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """SITE, zero-shot and ICL on built-in tasks: the table with intervals, alpha heatmaps and training curves."""
-    from ..config import site_config_from_args
     from ..models import load_model
     from ..tasks import load_task
+    from .args import site_config_from_args
 
     cfg = site_config_from_args(args)
     if not args.tasks:
@@ -314,11 +314,11 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Every (task, method, seed) row, resumable; then OUT/summary.{csv,md}."""
-    from ..config import site_config_from_args
     from ..experiments import bench
     from ..methods import METHODS
     from ..models import load_model
     from ..progress import write
+    from .args import site_config_from_args
 
     if args.methods.strip() == "list":
         from ..methods import describe_method
