@@ -12,7 +12,7 @@ from site_lens.models.convert import PROCESSING_FLAGS, ModelError, new_hooked
 from site_lens.models.identity import detect_processing, model_identity, register
 from site_lens.models.tiny import build_cfg, tiny_model
 
-pytestmark = needs_hooked("weight-processing detection reads its weights")
+hooked = needs_hooked("weight-processing detection reads its weights")
 
 # a GPT-2-like LayerNorm model (the default tiny model is Llama-like: RMS, rotary, GQA)
 LN = dict(
@@ -43,12 +43,14 @@ def _adapter(model, **processing):
     )
 
 
+@hooked
 def test_unprocessed_models_report_no_processing():
     for kw in ({}, LN):
         assert model_identity(tiny_model(**kw))["processing"] == PROCESSING_FLAGS
         assert detect_processing(new_hooked(build_cfg(**kw))) == PROCESSING_FLAGS  # unregistered: read off it
 
 
+@hooked
 def test_processed_rms_model_shows_its_flags():
     """TL 3.9 folds RMSNorm (-> RMSPre) and centres W_U, but never centres an RMS model's writing weights."""
     model = tiny_model()
@@ -61,6 +63,7 @@ def test_processed_rms_model_shows_its_flags():
     assert asked == flags
 
 
+@hooked
 def test_processed_layernorm_model_shows_its_flags():
     model = tiny_model(**LN)
     model.process_weights_(**DEFAULTS)
@@ -70,6 +73,7 @@ def test_processed_layernorm_model_shows_its_flags():
     assert model_identity(one)["processing"] == {**PROCESSING_FLAGS, "center_unembed": True}
 
 
+@hooked
 def test_user_built_model_is_read_not_assumed():
     """The bug: a model site-lens did not load was reported unprocessed whatever it was."""
     model = new_hooked(build_cfg(**LN))
@@ -79,6 +83,7 @@ def test_user_built_model_is_read_not_assumed():
     assert ident["name"] == model.cfg.model_name and ident["source_sha256"] is None
 
 
+@hooked
 @pytest.mark.parametrize("seed", range(8))
 def test_random_weights_do_not_look_centred(seed):
     """d_model 32: a random row's mean is ~0.2 of its rms, far from the rounding a centred row shows."""
@@ -87,6 +92,7 @@ def test_random_weights_do_not_look_centred(seed):
         assert not (d["center_writing_weights"] or d["center_unembed"] or d["refactor_factored_attn_matrices"])
 
 
+@hooked
 def test_centring_is_seen_to_float_precision_only():
     model = new_hooked(build_cfg(**LN))
     w_u = model.unembed.W_U
@@ -96,6 +102,7 @@ def test_centring_is_seen_to_float_precision_only():
     assert not detect_processing(model)["center_unembed"]
 
 
+@hooked
 def test_adapters_from_folded_and_unfolded_models_do_not_mix():
     plain = tiny_model(**LN)
     folded = copy.deepcopy(plain)
@@ -106,6 +113,7 @@ def test_adapters_from_folded_and_unfolded_models_do_not_mix():
             _adapter(made_on).check_model(model_identity(used_on))
 
 
+@hooked
 def test_folded_value_biases_are_ambiguous_unless_told():
     model = _with_biases(tiny_model(**LN))
     assert model_identity(model)["processing"]["fold_value_biases"] is False  # non-zero b_V: not folded
@@ -125,11 +133,13 @@ def test_folded_value_biases_are_ambiguous_unless_told():
         model_identity(model, {"fold_lm": True})
 
 
+@hooked
 def test_caller_flags_override_detection():
     model = tiny_model(**LN)  # plain, but e.g. trained with LNPre: the caller knows better
     assert model_identity(model, {"fold_ln": True})["processing"]["fold_ln"] is True
 
 
+@hooked
 def test_load_model_registers_its_flags(monkeypatch):
     """A TransformerLens name: loaded with no processing; the registered flags settle what weights cannot."""
     from transformer_lens import HookedTransformer
@@ -152,6 +162,7 @@ def test_load_model_registers_its_flags(monkeypatch):
     assert model_identity(model, {"fold_value_biases": True})["processing"]["fold_ln"] is True
 
 
+@hooked
 def test_identity_is_not_stored_on_the_model():
     before = set(vars(new_hooked(build_cfg())))
     model = tiny_model()
@@ -164,3 +175,34 @@ def test_identity_is_not_stored_on_the_model():
     del model
     gc.collect()
     assert len(identity._REGISTRY) == n - 1  # the entry went with its model
+
+
+# ---------------------------------------------------------------- a TransformerBridge (either TransformerLens line)
+
+
+def test_bridge_processing_is_read_off_its_state():
+    """A bridge's raw weights report no processing; TransformerLens's compatibility mode reports its steps, and an
+    adapter made on one does not load on the other."""
+    from helpers import tiny_bridge_like
+
+    raw, processed = tiny_bridge_like(), tiny_bridge_like()
+    assert model_identity(raw)["processing"] == detect_processing(raw) == PROCESSING_FLAGS
+    processed.enable_compatibility_mode()
+    flags = model_identity(processed)["processing"]
+    assert flags != PROCESSING_FLAGS and flags["center_unembed"] and not flags["refactor_factored_attn_matrices"]
+    for made_on, used_on in ((raw, processed), (processed, raw)):
+        _adapter(made_on).check_model(model_identity(made_on))
+        with pytest.raises(AdapterError, match="processing"):
+            _adapter(made_on).check_model(model_identity(used_on))
+
+
+def test_bridge_caller_flags_override_and_nothing_is_stored_on_it():
+    from helpers import tiny_bridge_like
+
+    bridge = tiny_bridge_like()
+    before = set(vars(bridge))
+    assert model_identity(bridge, {"fold_ln": True})["processing"] == {**PROCESSING_FLAGS, "fold_ln": True}
+    assert model_identity(bridge)["processing"] == PROCESSING_FLAGS  # the caller's flags were not kept
+    assert set(vars(bridge)) == before
+    with pytest.raises(ModelError, match="unknown processing flags"):
+        model_identity(bridge, {"fold_lm": True})

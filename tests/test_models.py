@@ -9,8 +9,6 @@ from site_lens.models.tiny import build_cfg, tiny_model
 from site_lens.stages.generation import generate_greedy
 from site_lens.tokens import PromptTooLongError
 
-pytestmark = needs_hooked("its loading, conversion and fast layout")
-
 
 def test_unknown_model_is_one_line_error():
     with pytest.raises(ModelError, match="unknown model 'nope'") as e:
@@ -35,10 +33,12 @@ def test_identity_records_shape_and_flags(model):
     assert ident["n_layers"] == 2 and ident["n_heads"] == 4 and ident["processing"]["fold_value_biases"] is False
 
 
+@needs_hooked("build_cfg makes a HookedTransformerConfig")
 def test_build_cfg_overrides():
     assert build_cfg(n_layers=5).n_layers == 5
 
 
+@needs_hooked("finalize and fast_layout act on a converted HookedTransformer")
 def test_finalize_moves_dtype_and_keeps_the_fast_layout():
     """What the first load of an embedded model in bfloat16 does to the converted float32 model."""
     model = finalize(tiny_model(), "cpu", torch.bfloat16)
