@@ -38,11 +38,18 @@ class _Config:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
-        # nested configs (SiteConfig's stages) from their dicts; a null one takes its defaults
+        # nested configs (SiteConfig's stages) from their dicts; a null one takes its defaults, except an optional
+        # part's (SiteConfig.sparsity), which stays off
         parts = {f.name: f.default_factory for f in fields(cls) if _is_config(f.default_factory)}  # type: ignore[arg-type]
-        return cls(
-            **{k: parts[k].from_dict(v or {}) if k in parts and not isinstance(v, _Config) else v for k, v in d.items()}
-        )
+        optional = {f.name: f.metadata["config"] for f in fields(cls) if "config" in f.metadata}  # type: ignore[arg-type]
+        values = {}
+        for k, v in d.items():
+            if k in parts and not isinstance(v, _Config):
+                v = parts[k].from_dict(v or {})
+            elif k in optional and isinstance(v, dict):
+                v = optional[k].from_dict(v)
+            values[k] = v
+        return cls(**values)
 
 
 def _is_config(kind: Any) -> bool:
@@ -191,10 +198,10 @@ class SparsityConfig(_Config):
         'l0'
     """
 
-    penalty: str = "l0"  # l0: hard-concrete gates with exact zeros (Louizos et al. 2018); l1: SITE's gates and the L1 norm of alpha
-    weight: float = 0.0  # nats added to the loss per open head (0 with l1 is SITE)
-    threshold: float = 0.5  # binary mask: the heads whose alpha is above this
-    beta: float = 2 / 3  # hard-concrete temperature (Louizos et al. 2018)
+    penalty: str = field(default="l0", metadata={"flag": "sparse-penalty"})  # l0: hard-concrete gates with exact zeros (Louizos et al. 2018); l1: SITE's gates and the L1 norm of alpha
+    weight: float = field(default=0.0, metadata={"flag": "sparse-weight"})  # nats added to the loss per open head (0 with l1 is SITE)
+    threshold: float = field(default=0.5, metadata={"flag": "sparse-threshold"})  # binary mask: the heads whose alpha is above this
+    beta: float = field(default=2 / 3, metadata={"flag": "sparse-beta"})  # hard-concrete temperature (Louizos et al. 2018)
 
     def __post_init__(self) -> None:
         if self.penalty not in ("l0", "l1"):
@@ -280,6 +287,9 @@ class SiteConfig(_Config):
         >>> cfg = SiteConfig(seed=1, selection=SelectionConfig(steps=100))
         >>> SiteConfig.from_dict(cfg.to_dict()) == cfg
         True
+        >>> sparse = SiteConfig(sparsity=SparsityConfig(penalty="l0", weight=0.03))  # sparse SITE
+        >>> SiteConfig.from_dict(sparse.to_dict()) == sparse, SiteConfig().sparsity is None
+        (True, True)
     """
 
     seed: int = 0  # seeds every draw: stage-1 prompts, training order, ICL demonstrations
@@ -287,6 +297,8 @@ class SiteConfig(_Config):
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # sparse SITE: a price on every head the gate opens; None (the default) is SITE's dense gates
+    sparsity: SparsityConfig | None = field(default=None, metadata={"config": SparsityConfig})
 
     @classmethod
     def from_dict(cls, d: Any) -> SiteConfig:
@@ -307,3 +319,10 @@ class SiteConfig(_Config):
             if _is_config(kind) and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
                 got = type(getattr(self, f.name)).__name__
                 raise ConfigError(f"SiteConfig.{f.name} must be an {kind.__name__}, got {got}")  # type: ignore[union-attr]
+        if self.sparsity is not None:
+            if not isinstance(self.sparsity, SparsityConfig):
+                raise ConfigError(f"SiteConfig.sparsity must be a SparsityConfig or None, got {type(self.sparsity).__name__}")
+            if self.selection.objective != "first_token":
+                raise ConfigError(
+                    f"sparse SITE trains on the first answer token only, got objective {self.selection.objective!r}"
+                )

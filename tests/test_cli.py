@@ -85,7 +85,8 @@ def test_every_config_field_is_a_flag_of_run_and_bench_with_its_comment_as_help(
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
     parts = {f.name: f.default_factory for f in fields(SiteConfig) if f.default_factory is not MISSING}
-    assert set(parts) == {"embedding", "selection", "eval", "engine"}
+    parts |= {f.name: f.metadata["config"] for f in fields(SiteConfig) if "config" in f.metadata}  # optional parts
+    assert set(parts) == {"embedding", "selection", "eval", "engine", "sparsity"}
     for command in ("run", "bench"):
         actions = {a.dest: a for a in sub[command]._actions}
         for cls in (SiteConfig, *parts.values()):
@@ -401,3 +402,31 @@ def test_every_help_gives_its_default_in_one_format():
         for a in p._actions:
             h = a.help or ""
             assert not re.search(r"\(default(?!: )|default\)", h), (name, a.option_strings, h)
+
+
+def test_sparse_flags_make_site_config_sparsity():
+    from site_lens.cli import build_parser
+    from site_lens.cli.args import site_config_from_args
+    from site_lens.config import SparsityConfig
+
+    parser = build_parser()
+    assert site_config_from_args(parser.parse_args(["run", "--task", "x"])).sparsity is None
+    cfg = site_config_from_args(parser.parse_args(["run", "--task", "x", "--sparse-weight", "0.03"]))
+    assert cfg.sparsity == SparsityConfig(weight=0.03)
+    cfg = site_config_from_args(parser.parse_args(["bench", "--sparse-penalty", "l1", "--sparse-threshold", "0.2"]))
+    assert cfg.sparsity == SparsityConfig(penalty="l1", threshold=0.2)
+    assert "(default: l0)" in actions_help(parser._subparsers._group_actions[0].choices["run"], "SparsityConfig.penalty")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sparsify", "--tasks", "uppercase", "--sparse-weight", "0.1"], "sweeps its own penalties"),
+        (["bench", "--tasks", "uppercase", "--methods", "site", "--task-batch", "2", "--sparse-weight", "0.1"], "one task at a time"),
+        (["run", "--task", "uppercase", "--objective", "sequence", "--sparse-weight", "0.1"], "first answer token"),
+    ],
+)
+def test_sparse_flags_refused_where_they_cannot_apply(argv, message, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()

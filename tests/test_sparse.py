@@ -190,3 +190,42 @@ def test_gate_defaults_are_site():
     g = AlphaGate(2, 3)
     assert torch.equal(g.train_alpha(), g.alpha()) and g.spec() == GateSpec()
     assert torch.allclose(g.open_heads(), g.alpha().sum())
+
+
+@pytest.mark.parametrize("penalty", ["l0", "l1"])
+def test_site_config_sparsity_is_fit_site_sparse(model, penalty):
+    """SiteConfig.sparsity set: fit_site trains sparse SITE, the same theta and gate as fit_sparse."""
+    from site_lens.config import EmbeddingConfig, SiteConfig
+    from site_lens.methods.site import fit_site
+
+    task, sparsity = _task(), SparsityConfig(penalty, 0.05)
+    cfg = SiteConfig(
+        embedding=EmbeddingConfig(n_prompts=3, n_shots=2), selection=SelectionConfig(steps=12, eval_every=4)
+    )
+    want = fit_sparse(model, task, sparsity, cfg)
+    got = fit_site(model, task, dataclasses.replace(cfg, sparsity=sparsity))
+    dense = fit_site(model, task, cfg)
+    assert torch.equal(got.adapter.theta, want.adapter.theta) and got.adapter.gate == want.adapter.gate
+    assert torch.equal(got.adapter.alpha, want.alpha) and not torch.equal(got.adapter.theta, dense.adapter.theta)
+    assert got.adapter.meta["sparsity"] == sparsity.to_dict() and "sparsity" not in dense.adapter.meta
+    assert dense.adapter.gate == GateSpec()
+    assert fit_sparse(model, task, cfg=dataclasses.replace(cfg, sparsity=sparsity)).sparsity == sparsity
+
+
+def test_site_config_sparsity_round_trips_and_is_checked(model):
+    from site_lens.config import SiteConfig
+    from site_lens.experiments.row_spec import row_spec
+    from site_lens.methods.site import fit_site_many
+
+    sparse = SiteConfig(sparsity=SparsityConfig("l1", 0.1))
+    assert SiteConfig.from_dict(sparse.to_dict()) == sparse
+    old = SiteConfig().to_dict()
+    del old["sparsity"]  # a config saved before sparsity was a part: dense SITE
+    assert SiteConfig.from_dict(old).sparsity is None
+    with pytest.raises(ConfigError, match="first answer token"):
+        SiteConfig(selection=SelectionConfig(objective="sequence"), sparsity=SparsityConfig())
+    with pytest.raises(ConfigError, match="one task at a time"):
+        fit_site_many(model, [_task()], sparse)
+    # a sparse row is keyed apart from SITE's; methods that do not read it are not
+    assert row_spec("m", sparse, "site")["settings"] == {"sparsity": sparse.sparsity.to_dict()}
+    assert row_spec("m", sparse, "fv") == row_spec("m", SiteConfig(), "fv")

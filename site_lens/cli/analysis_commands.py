@@ -31,6 +31,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
     if cfg.selection.objective != "first_token":
         raise ConfigError("sparsify trains on the first answer token only (--objective first_token)")
+    if cfg.sparsity is not None:
+        raise ConfigError("sparsify sweeps its own penalties (--penalties, --weights-l0, --weights-l1): drop the --sparse-* flags")
     require_data_for_fv(args.tasks, args.data)
     tasks = bench.resolve(args.tasks, bench.available_tasks(args.data), "task")
     seeds = args.seeds or [cfg.seed]

@@ -15,6 +15,7 @@ from ..config import (
     EvalConfig,
     SelectionConfig,
     SiteConfig,
+    SparsityConfig,
     _Config,
     _is_config,
 )
@@ -95,26 +96,30 @@ def _shown(default: Any) -> str:
     return ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
-    """One flag per field of a config dataclass, default and help taken from the class."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None = None, optional: bool = False) -> None:
+    """One flag per field of a config dataclass, default and help taken from the class.
+
+    ``optional``: the config is off unless one of its flags is given (the flags' defaults are None; the help
+    shows the class's defaults, which a flag left out takes once another is given)."""
     group = parser.add_argument_group(title or cls.__name__)
     helps = field_help(cls)
     for f in fields(cls):
-        if _is_config(f.default_factory):  # SiteConfig's parts: their own groups
+        if _is_config(f.default_factory) or "config" in f.metadata:  # SiteConfig's parts: their own groups
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
         # other names of the flag, e.g. --limit for --max-test (lm-evaluation-harness's name)
         aliases = [f"--{a}" for a in f.metadata.get("aliases", ())]
-        default = f.default if f.default is not MISSING else None
+        shown_default = f.default if f.default is not MISSING else None
+        default = None if optional else shown_default
         dest = f"{cls.__name__}.{f.name}"
         text = helps.get(f.name, "")
         if f.type == "bool":
-            shown = f" (default: {flag if default else '--no-' + flag[2:]})"
+            shown = f" (default: {flag if shown_default else '--no-' + flag[2:]})"
             group.add_argument(
                 flag, *aliases, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text + shown
             )
         else:
-            shown = "" if "default" in text else f" (default: {_shown(default)})"
+            shown = "" if "default" in text else f" (default: {_shown(shown_default)})"
             metavar = "N|all" if "None" in str(f.type) else flag[2:].upper().replace("-", "_")
             metavar = "A,B,..." if str(f.type).startswith("Sequence[") else metavar
             group.add_argument(
@@ -133,12 +138,13 @@ def from_args(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every field of SiteConfig and of its parts (three stages and the engine) as flags."""
+    """Every field of SiteConfig and of its parts (three stages, the engine and sparse SITE) as flags."""
     add_arguments(parser, SiteConfig, "run")
     add_arguments(parser, EmbeddingConfig, "stage 1: task embedding")
     add_arguments(parser, SelectionConfig, "stage 2: alpha training")
     add_arguments(parser, EvalConfig, "stage 3: generation and scoring")
     add_arguments(parser, EngineConfig, "engine: how the training steps run")
+    add_arguments(parser, SparsityConfig, "sparse SITE (off unless a --sparse-* flag is given)", optional=True)
 
 
 def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
@@ -150,4 +156,11 @@ def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
         selection=from_args(SelectionConfig, args),
         eval=from_args(EvalConfig, args),
         engine=from_args(EngineConfig, args),
+        sparsity=_optional(SparsityConfig, args),
     )
+
+
+def _optional(cls: type[T], args: argparse.Namespace) -> T | None:
+    """An optional config from its flags: None where none of them was given."""
+    given = {f.name: v for f in fields(cls) if (v := getattr(args, f"{cls.__name__}.{f.name}", None)) is not None}
+    return cls(**given) if given else None

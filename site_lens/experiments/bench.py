@@ -53,6 +53,7 @@ from .sharding import resolve, shard, slurm_shard  # noqa: F401 (bench.resolve, 
 log = logging.getLogger(__name__)
 
 SPEC_FILE = "bench.json"
+SPARSE_TOGETHER = "--task-batch fits SITE's dense gates: sparse SITE (--sparse-*) runs one task at a time (--task-batch 1)"
 LOCKS_DIR = ".locks"
 
 # ---------------------------------------------------------------- rows on disk
@@ -249,6 +250,8 @@ def run_bench(
     )
     if task_batch < 1:
         raise ConfigError(f"task_batch must be >= 1, got {task_batch}")
+    if task_batch > 1 and cfg.sparsity is not None and "site" in methods:
+        raise ConfigError(SPARSE_TOGETHER)
     with Progress(len(tasks) * len(seeds) * len(methods), "bench", unit="row") as progress:
         if task_batch > 1 and "site" in methods and factories is None:
             for seed in seeds:

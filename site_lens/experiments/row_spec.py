@@ -44,6 +44,8 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
         for k in _SELECTION:
             if getattr(cfg.selection, k) != getattr(default.selection, k):
                 changed[f"selection.{k}"] = getattr(cfg.selection, k)
+        if method == "site" and cfg.sparsity is not None:  # sparse SITE (site_seq and site_opt refuse it)
+            changed["sparsity"] = cfg.sparsity.to_dict()
         if not cfg.engine.fast:  # whole prompts: the same numbers up to float rounding, kept apart all the same
             changed["selection.fast"] = False  # the key rows recorded when the flag sat in SelectionConfig
     if changed:

@@ -19,14 +19,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..adapter import Adapter
-from ..config import SiteConfig
+from ..config import ConfigError, SiteConfig
 from ..engine.backend import describe
-from ..gate import HookFactory
+from ..gate import GateSpec, HookFactory
 from ..models import model_identity
 from ..stages.embeddings import task_embedding
 from ..stages.objectives import train_valid_examples
 from ..stages.selection import AlphaTrainer
 from ..stages.selection_batched import BatchedAlphaTrainer
+from ..stages.sparse import SparseTrainer
 from ..stages.training import TrainHistory
 from ..tasks import Task
 from ..types import Model
@@ -68,7 +69,8 @@ def fit_site(
 ) -> SiteFit:
     """Stages 1 and 2: the task embedding, then theta trained on zero-shot train prompts.
 
-    ``ctx`` (a ``TaskContext`` of the same task, seed and embedding config) lends its
+    With ``cfg.sparsity`` set, stage 2 is sparse SITE's (``stages.sparse.SparseTrainer``: a price on
+    every open head, the gate L1's or hard-concrete L0's); the adapter records that gate. ``ctx`` (a ``TaskContext`` of the same task, seed and embedding config) lends its
     mean hook_z, which is the same t; FV and MTV use it too.
 
     Example:
@@ -97,16 +99,29 @@ def fit_site(
     seconds["embedding"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     train, valid = train_valid_examples(model, task, cfg.selection.objective)
-    trainer = AlphaTrainer(model, t, cfg.selection, seed=cfg.seed, engine=cfg.engine)
+    if cfg.sparsity is None:
+        trainer = AlphaTrainer(model, t, cfg.selection, seed=cfg.seed, engine=cfg.engine)
+    else:
+        trainer = SparseTrainer(model, t, cfg.selection, cfg.sparsity, seed=cfg.seed, engine=cfg.engine)
     gate = trainer.fit(train, valid, progress=progress)
     seconds["selection"] = time.perf_counter() - t0
     backend = describe(trainer.backend_used)
-    adapter = _adapter(model, task, cfg, t, gate.theta.detach(), trainer.history, backend)
+    sparse = {} if cfg.sparsity is None else {"sparsity": cfg.sparsity.to_dict()}
+    # the gate's spec says how theta becomes alpha (sigmoid; hard-concrete for sparse SITE's l0)
+    adapter = _adapter(model, task, cfg, t, gate.theta.detach(), trainer.history, backend, gate.spec(), **sparse)
     return SiteFit(adapter, trainer.history, seconds, backend)
 
 
 def _adapter(
-    model: Model, task: Task, cfg: SiteConfig, t, theta, history: TrainHistory, backend: dict, **meta
+    model: Model,
+    task: Task,
+    cfg: SiteConfig,
+    t,
+    theta,
+    history: TrainHistory,
+    backend: dict,
+    gate: GateSpec | None = None,
+    **meta,
 ) -> Adapter:
     """A fitted task's adapter: t and theta, the model's identity, and what the fit used and recorded."""
     return Adapter(
@@ -124,6 +139,7 @@ def _adapter(
             "backend": backend,
             **meta,
         },
+        gate=gate or GateSpec(),
     )
 
 
@@ -152,6 +168,8 @@ def fit_site_many(
         (['uppercase', 'opposites'], torch.Size([2, 4]))
     """
     cfg = cfg or SiteConfig()
+    if cfg.sparsity is not None:
+        raise ConfigError("the batched fit trains SITE's dense gates: fit sparse SITE one task at a time (fit_site)")
     ts, embed_seconds, trains, valids = [], [], [], []
     for task in tasks:
         t0 = time.perf_counter()

@@ -149,8 +149,8 @@ def fit_sparse(
         >>> sparse.alpha.shape, sparse.mask().dtype       # the gate; the heads it keeps open
         (torch.Size([2, 4]), torch.bool)
     """
-    sparsity = sparsity or SparsityConfig()
     cfg = cfg or SiteConfig()
+    sparsity = sparsity or cfg.sparsity or SparsityConfig()
     if cfg.selection.objective != "first_token":
         raise ConfigError(
             f"sparse SITE trains on the first answer token only, got objective {cfg.selection.objective!r}"
