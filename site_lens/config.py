@@ -326,3 +326,12 @@ class SiteConfig(_Config):
                 raise ConfigError(
                     f"sparse SITE trains on the first answer token only, got objective {self.selection.objective!r}"
                 )
+            if self.sparsity.penalty == "l0" and not self.engine.fast:
+                raise ConfigError("the l0 penalty trains on the fast path only (its gate draws noise per step): drop --no-fast")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every part's fields; ``sparsity`` only where it is set (a dense config saves as it did before it existed)."""
+        d = super().to_dict()
+        if d["sparsity"] is None:
+            del d["sparsity"]
+        return d

@@ -385,3 +385,20 @@ def test_the_shipped_atlases_load_whole(name, heads):
     assert len(atlas.heads) == 45 * 3 * heads and len(atlas.t) == 45 * 3
     site = atlas.scores[atlas.scores.method == "site"]
     assert len(site) == 45 * 3 and site.exact_match.between(0, 1).all()
+
+
+def test_bench_rows_of_sparse_site_are_refused(made, tmp_path):
+    """An atlas holds SITE's dense gates: a bench folder made with --sparse-* is refused, naming it."""
+    import json
+    import shutil
+
+    from site_lens.atlas import AtlasError
+
+    bench = tmp_path / "bench"
+    shutil.copytree(made["bench"], bench)
+    spec = json.loads((bench / "bench.json").read_text())
+    spec["config"]["sparsity"] = {"penalty": "l0", "weight": 0.03, "threshold": 0.5, "beta": 2 / 3}
+    (bench / "bench.json").write_text(json.dumps(spec))
+    with pytest.raises(AtlasError, match="sparse SITE rows") as e:
+        assemble_atlas(made["model"], [bench], data_dir=made["data"], command="test")
+    assert len(str(e.value).splitlines()) == 1

@@ -424,6 +424,9 @@ def test_sparse_flags_make_site_config_sparsity():
         (["sparsify", "--tasks", "uppercase", "--sparse-weight", "0.1"], "sweeps its own penalties"),
         (["bench", "--tasks", "uppercase", "--methods", "site", "--task-batch", "2", "--sparse-weight", "0.1"], "one task at a time"),
         (["run", "--task", "uppercase", "--objective", "sequence", "--sparse-weight", "0.1"], "first answer token"),
+        (["run", "--task", "uppercase", "--no-fast", "--sparse-weight", "0.1"], "fast path only"),
+        (["run", "--task", "uppercase", "--sparse-threshold", "0.2"], "give --sparse-weight"),
+        (["bench", "--tasks", "uppercase", "--methods", "site,site_seq", "--sparse-weight", "0.1"], "site_seq cannot take it"),
     ],
 )
 def test_sparse_flags_refused_where_they_cannot_apply(argv, message, tmp_path, capsys):

@@ -219,13 +219,38 @@ def test_site_config_sparsity_round_trips_and_is_checked(model):
 
     sparse = SiteConfig(sparsity=SparsityConfig("l1", 0.1))
     assert SiteConfig.from_dict(sparse.to_dict()) == sparse
-    old = SiteConfig().to_dict()
-    del old["sparsity"]  # a config saved before sparsity was a part: dense SITE
-    assert SiteConfig.from_dict(old).sparsity is None
+    assert "sparsity" not in SiteConfig().to_dict()  # a dense config saves as it did before the part existed
+    assert SiteConfig.from_dict(SiteConfig().to_dict()).sparsity is None
     with pytest.raises(ConfigError, match="first answer token"):
         SiteConfig(selection=SelectionConfig(objective="sequence"), sparsity=SparsityConfig())
+    with pytest.raises(ConfigError, match="fast path only"):
+        SiteConfig(engine=EngineConfig(fast=False), sparsity=SparsityConfig("l0", 0.1))
+    SiteConfig(engine=EngineConfig(fast=False), sparsity=SparsityConfig("l1", 0.1))  # l1 runs whole prompts too
     with pytest.raises(ConfigError, match="one task at a time"):
         fit_site_many(model, [_task()], sparse)
-    # a sparse row is keyed apart from SITE's; methods that do not read it are not
-    assert row_spec("m", sparse, "site")["settings"] == {"sparsity": sparse.sparsity.to_dict()}
+    # a sparse row is keyed apart from SITE's by what training reads (not the mask's threshold); other methods not
+    assert row_spec("m", sparse, "site")["settings"] == {"sparsity": {"penalty": "l1", "weight": 0.1}}
+    masked = SiteConfig(sparsity=SparsityConfig("l1", 0.1, threshold=0.2))
+    assert row_spec("m", masked, "site") == row_spec("m", sparse, "site")
     assert row_spec("m", sparse, "fv") == row_spec("m", SiteConfig(), "fv")
+
+
+def test_minimal_sets_and_sparse_path_start_from_dense_site(model):
+    from site_lens.config import SiteConfig
+    from site_lens.experiments.sweep import minimal_sets
+
+    task = _task()
+    with pytest.raises(ConfigError, match="cfg.sparsity must be None"):
+        minimal_sets(model, task, cfg=SiteConfig(sparsity=SparsityConfig("l0", 0.1)))
+    t = _t(model)
+    hard = _adapter_of(model, t, GateSpec("hard_concrete", -0.1, 1.1))
+    with pytest.raises(ConfigError, match="dense SITE adapter"):
+        sparse_path(model, task, [0.1], hard)
+
+
+def _adapter_of(model, t, gate):
+    from site_lens.adapter import Adapter
+    from site_lens.models import model_identity
+
+    theta = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    return Adapter(t=t, theta=theta, model=model_identity(model), gate=gate)

@@ -149,6 +149,8 @@ def assemble_atlas(
         if spec.get("model") != ident["name"]:
             raise AtlasError(f"{folder}: bench rows of model '{spec.get('model')}', not '{ident['name']}'")
         here = _config(folder)
+        if here.sparsity is not None:
+            raise AtlasError(f"{folder}: sparse SITE rows (--sparse-*): an atlas holds SITE's dense gates")
         if cfg is not None and here.embedding != cfg.embedding:
             raise AtlasError(f"{folder}: its embedding settings differ from the other folders' (t depends on them)")
         cfg = here

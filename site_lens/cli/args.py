@@ -10,6 +10,7 @@ from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
 from ..config import (
+    ConfigError,
     EmbeddingConfig,
     EngineConfig,
     EvalConfig,
@@ -156,8 +157,18 @@ def site_config_from_args(args: argparse.Namespace) -> SiteConfig:
         selection=from_args(SelectionConfig, args),
         eval=from_args(EvalConfig, args),
         engine=from_args(EngineConfig, args),
-        sparsity=_optional(SparsityConfig, args),
+        sparsity=_sparsity(args),
     )
+
+
+def _sparsity(args: argparse.Namespace) -> SparsityConfig | None:
+    """Sparse SITE where --sparse-penalty or --sparse-weight is given; the other two flags only qualify it."""
+    sparsity = _optional(SparsityConfig, args)
+    if sparsity is not None and not any(
+        getattr(args, f"SparsityConfig.{k}", None) is not None for k in ("penalty", "weight")
+    ):
+        raise ConfigError("--sparse-threshold and --sparse-beta qualify sparse SITE: give --sparse-weight (or --sparse-penalty) too")
+    return sparsity
 
 
 def _optional(cls: type[T], args: argparse.Namespace) -> T | None:

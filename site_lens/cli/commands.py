@@ -328,7 +328,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     cfg = site_config_from_args(args)  # a bad config value fails before the model loads
     from ..config import ConfigError
-    from ..methods import OPTION_METHODS, SEQUENCE_METHODS
+    from ..methods import OPTION_METHODS, SEQUENCE_METHODS, sparse_refusal
 
     methods = bench.resolve(
         args.methods, list(METHODS), "method", [m for m in METHODS if m not in (*SEQUENCE_METHODS, *OPTION_METHODS)]
@@ -338,8 +338,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"Slurm job array: shard {part}", flush=True)
     require_data_for_fv(args.tasks, args.data)
     tasks = bench.shard(bench.resolve(args.tasks, bench.available_tasks(args.data), "task"), part)
-    if args.task_batch > 1 and cfg.sparsity is not None and "site" in methods:
-        raise ConfigError(bench.SPARSE_TOGETHER)  # before the model loads
+    why = sparse_refusal(cfg, methods, args.task_batch)
+    if why:
+        raise ConfigError(why)  # before the model loads
     seeds = args.seeds or [cfg.seed]
     out = Path(args.out) if args.out else Path("runs") / "bench" / args.model
     check_writable(out)

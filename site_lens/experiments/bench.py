@@ -40,7 +40,7 @@ from typing import Any
 from ..config import ConfigError, EvalConfig, SiteConfig
 from ..files import write_json_atomic, write_text_atomic
 from ..locks import Locks, owner_tag, temp_is_orphan
-from ..methods import Method, TaskContext, configured, fit_and_score
+from ..methods import Method, TaskContext, configured, fit_and_score, sparse_refusal
 from ..models import model_identity
 from ..progress import Progress, write
 from ..tasks import TaskError, available_tasks, load_task  # noqa: F401 (available_tasks: also bench.available_tasks)
@@ -53,7 +53,6 @@ from .sharding import resolve, shard, slurm_shard  # noqa: F401 (bench.resolve, 
 log = logging.getLogger(__name__)
 
 SPEC_FILE = "bench.json"
-SPARSE_TOGETHER = "--task-batch fits SITE's dense gates: sparse SITE (--sparse-*) runs one task at a time (--task-batch 1)"
 LOCKS_DIR = ".locks"
 
 # ---------------------------------------------------------------- rows on disk
@@ -250,8 +249,9 @@ def run_bench(
     )
     if task_batch < 1:
         raise ConfigError(f"task_batch must be >= 1, got {task_batch}")
-    if task_batch > 1 and cfg.sparsity is not None and "site" in methods:
-        raise ConfigError(SPARSE_TOGETHER)
+    why = sparse_refusal(cfg, methods, task_batch)
+    if why:
+        raise ConfigError(why)
     with Progress(len(tasks) * len(seeds) * len(methods), "bench", unit="row") as progress:
         if task_batch > 1 and "site" in methods and factories is None:
             for seed in seeds:

@@ -45,7 +45,8 @@ def row_spec(model_name: str, cfg: SiteConfig, method: str, dtype: str = "float3
             if getattr(cfg.selection, k) != getattr(default.selection, k):
                 changed[f"selection.{k}"] = getattr(cfg.selection, k)
         if method == "site" and cfg.sparsity is not None:  # sparse SITE (site_seq and site_opt refuse it)
-            changed["sparsity"] = cfg.sparsity.to_dict()
+            s = cfg.sparsity  # what training reads: the threshold only draws masks, beta only shapes l0's gate
+            changed["sparsity"] = {"penalty": s.penalty, "weight": s.weight, **({"beta": s.beta} if s.penalty == "l0" else {})}
         if not cfg.engine.fast:  # whole prompts: the same numbers up to float rounding, kept apart all the same
             changed["selection.fast"] = False  # the key rows recorded when the flag sat in SelectionConfig
     if changed:

@@ -39,7 +39,7 @@ from ..analysis.minimal import (
     smallest_k,
     sparse_sets,
 )
-from ..config import K_GRID, SPARSE_WEIGHTS, SiteConfig
+from ..config import K_GRID, SPARSE_WEIGHTS, ConfigError, SiteConfig
 from ..files import save_tensors, write_json_atomic, write_text_atomic
 from ..methods.site import fit_site
 from ..models.identity import model_identity
@@ -103,6 +103,8 @@ def minimal_sets(
         True
     """
     cfg = dataclasses.replace(cfg or SiteConfig(), seed=seed)  # a copy: the caller's config is left alone
+    if cfg.sparsity is not None:
+        raise ConfigError("minimal_sets starts from dense SITE and sweeps its own penalties: cfg.sparsity must be None")
     seconds: dict[str, float] = {}
     with Progress(1 + 2 * rankings + len(weights) + 2, f"{task.name} seed {seed}", unit="stage") as stages:
         stages.start(f"{task.name} seed {seed}: dense SITE")

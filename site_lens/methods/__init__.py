@@ -22,7 +22,7 @@ from .i2cl import I2CL
 from .mtv import MTVConfig, MultimodalTaskVector
 from .peft import IA3, LoRA
 from .prompting import ICL, ZeroShot
-from .site import Site, SiteFit, fit_site, fit_site_many
+from .site import Site, SiteFit, fit_site, fit_site_many, sparse_refusal
 from .tv import TaskVector
 
 METHODS: dict[str, Callable[[], Method]] = {
@@ -125,5 +125,6 @@ __all__ = [
     "make_method",
     "score_method",
     "scored_row",
+    "sparse_refusal",
     "with_objective",
 ]

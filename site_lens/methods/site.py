@@ -192,6 +192,21 @@ def fit_site_many(
     return fits
 
 
+SPARSE_TOGETHER = "--task-batch fits SITE's dense gates: sparse SITE (--sparse-*) runs one task at a time (--task-batch 1)"
+
+
+def sparse_refusal(cfg: SiteConfig, methods: Sequence[str], task_batch: int = 1) -> str | None:
+    """Why sparse SITE (``cfg.sparsity``) cannot run with these bench methods and task batch; None where it can."""
+    if cfg.sparsity is None:
+        return None
+    if task_batch > 1 and "site" in methods:
+        return SPARSE_TOGETHER
+    other = [m for m in methods if m.startswith("site_")]
+    if other:
+        return f"sparse SITE (--sparse-*) trains on the first answer token only: {', '.join(other)} cannot take it"
+    return None
+
+
 class Site(Method):
     """Mean hook_z (50 ten-shot prompts), one gate per head trained 400 steps; injected at prefill."""
 

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ..adapter import Adapter
 from ..config import ConfigError, EngineConfig, SelectionConfig, SiteConfig, SparsityConfig
-from ..gate import AlphaGate, HardConcreteGate
+from ..gate import AlphaGate, GateSpec, HardConcreteGate
 from ..models import model_identity
 from ..tasks import Task
 from ..tokens import Example
@@ -214,6 +214,8 @@ def sparse_path(
     """
     if list(weights) != sorted(weights) or any(not math.isfinite(w) or w < 0 for w in weights):
         raise ConfigError(f"sparse_path needs finite weights >= 0 in increasing order, got {list(weights)}")
+    if dense.gate != GateSpec():
+        raise ConfigError(f"sparse_path starts from a dense SITE adapter, got one with a {dense.gate.kind} gate")
     cfg = cfg or SiteConfig(seed=int(dense.meta.get("seed", 0)))
     point_cfg = dataclasses.replace(cfg, selection=dataclasses.replace(cfg.selection, steps=steps))
     theta = dense.theta.float()
