@@ -209,3 +209,103 @@ def test_bench_with_a_task_batch_writes_the_rows_one_task_at_a_time_would(model,
             assert torch.allclose(torch.tensor(info[1]["theta"]), torch.tensor(info[0]["theta"]), atol=ATOL), key
             assert info[1]["best_step"] == info[0]["best_step"]
             assert not torch.equal(torch.tensor(info[1]["theta"]), torch.zeros(len(info[1]["theta"]), len(info[1]["theta"][0])))
+
+
+def test_seeds_of_one_task_share_its_prefixes_and_match_their_own_fits(model, eight, monkeypatch):
+    """Three seeds of one task in one loop (the same example lists): each seed's theta at every step is its own
+    fit's, and each prompt's prefix is cached once however many seeds draw it."""
+    from site_lens.stages import selection_batched
+
+    _, ts, trains, valids = eight
+    train, valid = trains[0], valids[0]
+    seeds = [0, 1, 2]
+    cached = []
+    real = selection_batched.PromptCache
+
+    def counting(model, examples, *a, **k):
+        cached.append(len(examples))
+        return real(model, examples, *a, **k)
+
+    monkeypatch.setattr(selection_batched, "PromptCache", counting)
+    cfg = SelectionConfig(steps=9, eval_every=3, max_valid=4, batch_size=2)
+    trainer = BatchedAlphaTrainer(model, ts[:3], cfg, seed=7, seeds=seeds)
+    steps = []
+    hists = trainer.fit([train] * 3, [valid] * 3, progress=lambda step, losses: steps.append(trainer.theta.detach().clone()))
+    single = []
+    for t, seed in zip(ts[:3], seeds):
+        one = single_fits(model, [t], [train], [valid], cfg=cfg, seed=seed)
+        single += one
+    check_equal(single, (steps, hists, trainer.theta.detach().clone()))
+    # one training window (9 steps < cache_steps) holding the union of the three schedules' draws, and the
+    # valid prompts once: not three copies
+    from site_lens.stages.training import schedule
+
+    drawn = [{i for b in schedule(len(train), 9, 2, s) for i in b} for s in seeds]
+    assert sorted(cached) == sorted([len(set().union(*drawn)), min(4, len(valid))])
+    assert len(set().union(*drawn)) < sum(len(d) for d in drawn)
+    with pytest.raises(ValueError, match="2 seeds for 3"):
+        BatchedAlphaTrainer(model, ts[:3], cfg, seeds=[0, 1])
+
+
+def test_fit_site_many_over_seeds_matches_fit_site_per_seed(model, eight):
+    from site_lens.methods.site import fit_site, fit_site_many
+
+    task = eight[0][1]
+    cfg = SiteConfig(embedding=EmbeddingConfig(n_prompts=3, n_shots=2), selection=CFG)
+    fits = fit_site_many(model, [task, task], cfg, seeds=[5, 6])
+    for seed, fit in zip((5, 6), fits):
+        one = fit_site(model, task, SiteConfig(embedding=cfg.embedding, selection=CFG, seed=seed))
+        assert fit.adapter.meta["seed"] == seed and fit.adapter.meta["trained_with"] == [f"{task.name}/seed5", f"{task.name}/seed6"]
+        assert torch.allclose(fit.adapter.t, one.adapter.t, atol=1e-6)
+        assert torch.allclose(fit.adapter.theta, one.adapter.theta, atol=ATOL)
+        assert fit.history.best_step == one.history.best_step
+    assert not torch.allclose(fits[0].adapter.theta, fits[1].adapter.theta, atol=1e-3)
+
+
+def test_bench_fits_the_seeds_of_a_task_in_one_loop(model, tmp_path):
+    """``task_batch=4`` over two tasks and two seeds: one loop holds both tasks' both seeds; every row's theta and
+    scores are those of the one-at-a-time bench."""
+    from small import write_task_dir
+
+    from site_lens.config import EvalConfig
+    from site_lens.experiments import bench
+    from site_lens.experiments.sharding import together
+
+    assert together(["a", "b", "c"], [0, 1], 4) == [[("a", 0), ("a", 1), ("b", 0), ("b", 1)], [("c", 0), ("c", 1)]]
+    assert together(["a", "b"], [0, 1, 2], 2) == [[("a", 0), ("a", 1)], [("a", 2), ("b", 0)], [("b", 1), ("b", 2)]]
+    data = write_task_dir(tmp_path / "data", names=("upper", "lower"))
+    cfg = SiteConfig(
+        embedding=EmbeddingConfig(n_prompts=2, n_shots=2),
+        selection=SelectionConfig(steps=4, eval_every=2, max_valid=3),
+        eval=EvalConfig(max_test=3, max_new_tokens=3),
+    )
+    rows = {}
+    for batch in (1, 4):
+        got = bench.run_bench(model, ["lower", "upper"], ["site"], [1, 2], tmp_path / f"b{batch}", data_dir=data, cfg=cfg, task_batch=batch)
+        rows[batch] = {(r["task"], r["seed"]): r for r in got}
+    assert rows[1].keys() == rows[4].keys() and len(rows[4]) == 4
+    for key, one in rows[1].items():
+        assert {f: rows[4][key][f] for f in ("first_token_acc", "exact_match", "strict_match")} == {
+            f: one[f] for f in ("first_token_acc", "exact_match", "strict_match")
+        }, key
+        info = [bench._read_json(bench.row_path(tmp_path / f"b{b}", key[0], key[1], "site"))["info"] for b in (1, 4)]
+        assert torch.allclose(torch.tensor(info[1]["theta"]), torch.tensor(info[0]["theta"]), atol=ATOL), key
+
+
+def test_the_cache_window_is_the_whole_schedule_where_its_prefixes_fit(model, eight):
+    from site_lens.stages.training import schedule
+
+    _, ts, trains, _ = eight
+    trainer = BatchedAlphaTrainer(model, ts[:2], SelectionConfig(steps=400), seeds=[0, 1])
+    plans = [schedule(len(trains[0]), 400, 1, s) for s in (0, 1)]
+    assert trainer._window(plans, [0, 0], [trains[0]] * 2) == 400  # a tiny model's prefixes: far under 3 GiB
+    c = model.cfg
+    per_token = c.n_layers * 2 * (getattr(c, "n_key_value_heads", None) or c.n_heads) * c.d_head * 4
+    union = {i for p in plans for b in p for i in b}
+    whole = sum(len(trains[0][i].tokens) - 1 for i in union) * per_token
+    trainer.cache_bytes = whole  # exactly the whole schedule's union: still one window
+    assert trainer._window(plans, [0, 0], [trains[0]] * 2) == 400
+    trainer.cache_bytes = whole - 1
+    assert trainer._window(plans, [0, 0], [trains[0]] * 2) in (200, 100, 50)
+    trainer.cache_bytes = 0
+    assert trainer._window(plans, [0, 0], [trains[0]] * 2) == 50

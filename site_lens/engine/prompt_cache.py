@@ -72,15 +72,22 @@ class PromptCache:
 
     def groups(self, indices: Sequence[int]) -> dict[int, list[int]]:
         """``indices`` grouped by prefix length (each group's rows share one cached prefix)."""
+        return {n: [indices[p] for p in part] for n, part in self._positions(indices).items()}
+
+    def _positions(self, indices: Sequence[int]) -> dict[int, list[int]]:
+        """Positions in ``indices`` grouped by their prompts' prefix length."""
         by_len: dict[int, list[int]] = {}
-        for i in indices:
-            by_len.setdefault(self.where[i][0], []).append(i)
+        for p, i in enumerate(indices):
+            by_len.setdefault(self.where[i][0], []).append(p)
         return by_len
 
-    def _per(self, x: Tensor | None, dims: int, idx: list[int]) -> Tensor | None:
+    def _per(self, x: Tensor | None, dims: int, idx: list[int], owners: list[int] | None) -> Tensor | None:
         if x is None or x.dim() == dims:
             return x
-        rows = torch.tensor(idx) if self.owners is None else self.owners[idx]
+        if owners is not None:  # the caller's owner per row
+            rows = torch.tensor(owners)
+        else:
+            rows = torch.tensor(idx) if self.owners is None else self.owners[idx]
         return x[rows.to(x.device)]
 
     def logits(
@@ -91,27 +98,54 @@ class PromptCache:
         resid_edits: ResidEdits | None = None,
     ) -> list[tuple[list[int], Float[Tensor, "rows d_vocab"]]]:
         """(prompt indices, their last-token logits) per prefix length among ``indices``."""
+        indices = list(indices)
+        return [([indices[p] for p in pos], out) for pos, out in self._logits(indices, None, alpha, t, resid_edits)]
+
+    def logits_as(
+        self,
+        indices: Sequence[int],
+        owners: Sequence[int],
+        alpha: Tensor | None = None,
+        t: Tensor | None = None,
+    ) -> list[tuple[list[int], Float[Tensor, "rows d_vocab"]]]:
+        """``logits`` with each row's owner given by the caller (one per entry of ``indices``, which may
+        repeat a prompt: one cached prefix serving several owners, e.g. the seeds of one task): (positions
+        in ``indices``, their logits) per forward."""
+        if len(owners) != len(indices):
+            raise ValueError(f"{len(owners)} owners for {len(indices)} rows")
+        return self._logits(list(indices), list(owners), alpha, t, None)
+
+    def _logits(
+        self,
+        indices: list[int],
+        owners: list[int] | None,
+        alpha: Tensor | None,
+        t: Tensor | None,
+        resid_edits: ResidEdits | None,
+    ) -> list[tuple[list[int], Tensor]]:
         device = self.model.cfg.device
-        groups = self.groups(indices)
+        groups = self._positions(indices)
+
+        def per(pos: list[int]) -> tuple[Tensor | None, Tensor | None]:
+            idx, own = [indices[p] for p in pos], None if owners is None else [owners[p] for p in pos]
+            return self._per(alpha, 2, idx, own), self._per(t, 3, idx, own)
+
         if self.ragged and len(groups) > 1 and all(self.prefixes[n].tokens is None for n in groups):
-            idx = [i for part in groups.values() for i in part]
+            pos = [p for part in groups.values() for p in part]
             prefix = Prefix.pad(
                 [
-                    self.prefixes[n].select(torch.tensor([self.where[i][1] for i in part], device=device))
+                    self.prefixes[n].select(torch.tensor([self.where[indices[p]][1] for p in part], device=device))
                     for n, part in groups.items()
                 ]
             )
-            last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
-            a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
-            return [(idx, self.backend.logits(last, prefix, a, tt, resid_edits=resid_edits))]
+            last = torch.tensor([self.examples[indices[p]].tokens[-1] for p in pos], device=device)
+            return [(pos, self.backend.logits(last, prefix, *per(pos), resid_edits=resid_edits))]
         out = []
-        for length, idx in groups.items():
-            rows = torch.tensor([self.where[i][1] for i in idx], device=device)
-            last = torch.tensor([self.examples[i].tokens[-1] for i in idx], device=device)
-            a, tt = self._per(alpha, 2, idx), self._per(t, 3, idx)
-            out.append(
-                (idx, self.backend.logits(last, self.prefixes[length].select(rows), a, tt, resid_edits=resid_edits))
-            )
+        for length, pos in groups.items():
+            rows = torch.tensor([self.where[indices[p]][1] for p in pos], device=device)
+            last = torch.tensor([self.examples[indices[p]].tokens[-1] for p in pos], device=device)
+            prefix = self.prefixes[length].select(rows)
+            out.append((pos, self.backend.logits(last, prefix, *per(pos), resid_edits=resid_edits)))
         return out
 
     def loss(

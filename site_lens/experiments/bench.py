@@ -26,7 +26,6 @@ every row on disk, so concurrent writers cannot drop each other's rows.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import logging
 import math
@@ -48,7 +47,7 @@ from ..types import Model
 from .bench_report import OPTIONAL, ROW_FIELDS, csv_text, fmt, markdown, summarise
 from .kept_t import ROWS_DIR, T_FILE, keep_t, kept_t, t_label, t_path  # noqa: F401 (T_FILE, t_path: also bench's)
 from .row_spec import row_spec
-from .sharding import resolve, shard, slurm_shard  # noqa: F401 (bench.resolve, bench.shard ...)
+from .sharding import resolve, shard, slurm_shard, together  # noqa: F401 (bench.resolve, bench.shard ...)
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +217,9 @@ def run_bench(
 ) -> list[dict[str, Any]]:
     """Run every missing (task, method, seed) row no other process is running, then rewrite the folder's summary.
 
-    ``task_batch`` > 1 fits SITE's rows that many tasks at a time (``fit_site_many``: stage 2 of the
-    tasks in one loop, each task's theta its own fit's), before the other rows.
+    ``task_batch`` > 1 fits up to that many SITE rows (task, seed) in one loop (``fit_site_many``: each
+    row's theta its own fit's), before the other rows; a task's seeds go in one loop where they fit,
+    sharing its prompts' prefixes.
 
     ``cfg`` (default: the paper's settings, the first 100 test items) sets SITE's stages, ICL's
     shots, the few-shot prompts the methods share (``cfg.embedding``) and the scoring
@@ -232,6 +232,11 @@ def run_bench(
     ident = model_identity(model)
     dtype = str(model.cfg.dtype).removeprefix("torch.")
     spec = {"model": ident["name"], "max_test": cfg.eval.max_test, "max_new_tokens": cfg.eval.max_new_tokens}
+    if task_batch < 1:
+        raise ConfigError(f"task_batch must be >= 1, got {task_batch}")
+    why = sparse_refusal(cfg, methods, task_batch)
+    if why:
+        raise ConfigError(why)
     if remove_stale_temps(out):
         log.info("removed temp files left by an interrupted run")
     _merge_spec(
@@ -247,16 +252,10 @@ def run_bench(
         },
         locks,
     )
-    if task_batch < 1:
-        raise ConfigError(f"task_batch must be >= 1, got {task_batch}")
-    why = sparse_refusal(cfg, methods, task_batch)
-    if why:
-        raise ConfigError(why)
     with Progress(len(tasks) * len(seeds) * len(methods), "bench", unit="row") as progress:
         if task_batch > 1 and "site" in methods and factories is None:
-            for seed in seeds:
-                for i in range(0, len(tasks), task_batch):
-                    _site_together(model, tasks[i : i + task_batch], seed, out, data_dir, cfg, locks, progress, report)
+            for pairs in together(tasks, seeds, task_batch):
+                _site_together(model, pairs, out, data_dir, cfg, locks, progress, report)
         for name in tasks:
             task = None
             for seed in seeds:
@@ -302,8 +301,7 @@ def run_bench(
 
 def _site_together(
     model: Model,
-    names: Sequence[str],
-    seed: int,
+    pairs: Sequence[tuple[str, int]],
     out: Path,
     data_dir: str | Path | None,
     cfg: SiteConfig,
@@ -311,7 +309,7 @@ def _site_together(
     progress: Progress,
     report: Callable[[dict[str, Any]], None] | None,
 ) -> None:
-    """SITE's missing rows of ``names`` at ``seed`` fitted in one loop (``fit_site_many``), then scored and
+    """SITE's missing rows of ``pairs`` (task, seed) fitted in one loop (``fit_site_many``), then scored and
     written one by one, each under its lock from before the fit (as ``run_bench`` holds it)."""
     from contextlib import ExitStack
 
@@ -322,26 +320,29 @@ def _site_together(
     spec_m = row_spec(ident["name"], cfg, "site", dtype)
     with ExitStack() as stack:
         mine = [
-            n
-            for n in names
+            (n, seed)
+            for n, seed in pairs
             if not is_done(row_path(out, n, seed, "site"), spec_m)
             and stack.enter_context(locks.hold(lock_path(out, n, seed, "site")))
             and not is_done(row_path(out, n, seed, "site"), spec_m)
         ]
         if not mine:
             return
-        progress.start(f"site seed {seed}: {len(mine)} tasks in one loop, {mine[0]} ... {mine[-1]}")
-        tasks = [load_task(n, data_dir=data_dir) for n in mine]
+        seeds = sorted({s for _, s in mine})
+        what = f"site seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}: {len(mine)} rows in one loop"
+        progress.start(f"{what}, {mine[0][0]} ... {mine[-1][0]}")
+        loaded = {n: load_task(n, data_dir=data_dir) for n in dict.fromkeys(n for n, _ in mine)}  # one per task
+        tasks = [loaded[n] for n, _ in mine]
         steps = cfg.selection.steps
 
         def said(step: int, losses: list[float]) -> None:  # a line every 50 steps: the loop runs for minutes
             if step % 50 == 0 or step == steps:
                 live = [v for v in losses if not math.isnan(v)]
-                write(f"site seed {seed}, {len(mine)} tasks in one loop: step {step}/{steps}, "
+                write(f"{what}: step {step}/{steps}, "
                       f"mean loss {sum(live) / max(1, len(live)):.3f}", sys.stderr)  # fmt: skip
 
-        fits = fit_site_many(model, tasks, dataclasses.replace(cfg, seed=seed), progress=said)
-        for name, task, fit in zip(mine, tasks, fits):
+        fits = fit_site_many(model, tasks, cfg, progress=said, seeds=[s for _, s in mine])
+        for (name, seed), task, fit in zip(mine, tasks, fits):
             # fit_seconds: its stage 1 and its share of the shared loop
             row = scored_row(model, Site.from_fit(fit), task, seed, cfg.eval, sum(fit.seconds.values()))
             if not locks.still_held(lock_path(out, name, seed, "site")):

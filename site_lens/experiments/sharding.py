@@ -1,5 +1,5 @@
-"""Choosing what a bench run covers: names from 'all' or a comma list, and a shard of the tasks (``--shard I/N``,
-or the element of a Slurm job array it runs in)."""
+"""Choosing what a bench run covers: names from 'all' or a comma list, a shard of the tasks (``--shard I/N``,
+or the element of a Slurm job array it runs in), and SITE's rows grouped into shared loops (``--task-batch``)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,12 @@ def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
     if not (n >= 1 and 0 <= i < n):
         raise ConfigError(f"--shard I/N needs 0 <= I < N, got '{spec}'")
     return tasks[i::n]
+
+
+def together(tasks: Sequence[str], seeds: Sequence[int], n: int) -> list[list[tuple[str, int]]]:
+    """(task, seed) rows in loops of at most ``n``: whole tasks (every seed) per loop where ``n`` allows."""
+    if n >= len(seeds):
+        per = n // len(seeds)
+        return [[(t, s) for t in tasks[i : i + per] for s in seeds] for i in range(0, len(tasks), per)]
+    pairs = [(t, s) for t in tasks for s in seeds]
+    return [pairs[i : i + n] for i in range(0, len(pairs), n)]

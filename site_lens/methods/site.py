@@ -148,8 +148,13 @@ def fit_site_many(
     tasks: Sequence[Task],
     cfg: SiteConfig | None = None,
     progress: Callable[[int, list[float]], None] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[SiteFit]:
     """``fit_site`` for every task in ``tasks``, stage 2 for all of them in one loop; one ``SiteFit`` per task, in order.
+
+    ``seeds`` (one per entry of ``tasks``; default ``cfg.seed`` for all) fits one task at several
+    seeds: give the same ``Task`` once per seed. Its seeds then share the cached prefixes of the
+    training prompts they both draw and of its valid prompts, each prompt's prefix run once.
 
     Stage 1 runs per task. Stage 2 (``selection_batched.BatchedAlphaTrainer``) trains each task's
     own theta on its own schedule, its rows beside the other tasks' in each step's one batch: each
@@ -170,24 +175,32 @@ def fit_site_many(
     cfg = cfg or SiteConfig()
     if cfg.sparsity is not None:
         raise ConfigError("the batched fit trains SITE's dense gates: fit sparse SITE one task at a time (fit_site)")
+    seeds = [cfg.seed] * len(tasks) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != len(tasks):
+        raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
     ts, embed_seconds, trains, valids = [], [], [], []
-    for task in tasks:
+    examples: dict[int, tuple] = {}  # one list of examples per task object: its seeds share its prefixes
+    for task, seed in zip(tasks, seeds):
         t0 = time.perf_counter()
-        ts.append(task_embedding(model, task, cfg.embedding, cfg.seed))
+        ts.append(task_embedding(model, task, cfg.embedding, seed))
         embed_seconds.append(time.perf_counter() - t0)
-        train, valid = train_valid_examples(model, task, cfg.selection.objective)
+        if id(task) not in examples:
+            examples[id(task)] = train_valid_examples(model, task, cfg.selection.objective)
+        train, valid = examples[id(task)]
         trains.append(train)
         valids.append(valid)
     t0 = time.perf_counter()
-    trainer = BatchedAlphaTrainer(model, ts, cfg.selection, seed=cfg.seed, engine=cfg.engine)
+    trainer = BatchedAlphaTrainer(model, ts, cfg.selection, seed=cfg.seed, engine=cfg.engine, seeds=seeds)
     histories = trainer.fit(trains, valids, progress=progress)
     share = (time.perf_counter() - t0) / len(ts)
     assert trainer.backend_used is not None
     backend = describe(trainer.backend_used)
     fits = []
-    for task, t, theta, hist, seconds in zip(tasks, ts, trainer.theta.detach(), histories, embed_seconds):
-        # trained_with: the tasks whose stage 2 shared one loop
-        adapter = _adapter(model, task, cfg, t, theta, hist, backend, trained_with=[o.name for o in tasks])
+    together = [o.name for o in tasks] if len(set(seeds)) == 1 else [f"{o.name}/seed{s}" for o, s in zip(tasks, seeds)]
+    for task, seed, t, theta, hist, seconds in zip(tasks, seeds, ts, trainer.theta.detach(), histories, embed_seconds):
+        # trained_with: the tasks (and seeds) whose stage 2 shared one loop
+        one = dataclasses.replace(cfg, seed=seed)
+        adapter = _adapter(model, task, one, t, theta, hist, backend, trained_with=together)
         fits.append(SiteFit(adapter, hist, {"embedding": seconds, "selection": share}, backend))
     return fits
 

@@ -3,13 +3,13 @@
 ``BatchedAlphaTrainer`` is ``selection.AlphaTrainer``'s fast path (first-token objective)
 run for n tasks together. Its parameter is a stacked theta, (task, layer, head); each step
 takes every task's next batch from that task's own seeded schedule (``training.schedule``, the
-one a single-task fit uses), runs all the rows in one ``PromptCache`` (each prompt's owner is
-its task, so each row gets its own task's alpha and t), and sums the tasks' mean losses:
+one a single-task fit uses), runs all the rows in one ``PromptCache`` (each row under its own task's alpha and t; tasks
+given the same example lists, one task's seeds, share its prompts' prefixes), and sums the tasks' mean losses:
 task k's gradient is its own loss's. ``training.train_loop_many`` does one Adam step on the
 stacked theta (n independent Adams), validates, keeps each task's best and stops a task
 alone at a non-finite loss. Memory: the training prompts' prefixes are cached ``cache_steps``
-steps ahead (not the whole schedule's, which for 45 tasks would not fit), and a forward takes
-at most ``max_rows`` prompts, shortest first (validation's many prompts go in several). Per
+steps ahead (the whole schedule where its keys and values fit ``cache_bytes``; for 45 tasks they
+would not, and 50 steps are), and a forward takes at most ``max_rows`` prompts, shortest first (validation's many prompts go in several). Per
 task the numbers are the single-task fit's to float tolerance (tests hold it to that step by
 step); a step reads the weights once for n tasks instead of n times.
 
@@ -59,6 +59,7 @@ class BatchedAlphaTrainer:
         cfg: SelectionConfig | None = None,
         seed: int = 0,
         engine: EngineConfig | None = None,
+        seeds: Sequence[int] | None = None,
     ):
         self.model = model
         self.cfg = cfg or SelectionConfig()
@@ -71,6 +72,10 @@ class BatchedAlphaTrainer:
         if not ts:
             raise ValueError("BatchedAlphaTrainer needs at least one task embedding")
         self.seed = seed
+        # each task's training order: its own seed (the seeds of one task side by side), else ``seed`` for all
+        self.seeds = [seed] * len(ts) if seeds is None else [int(s) for s in seeds]
+        if len(self.seeds) != len(ts):
+            raise ValueError(f"{len(self.seeds)} seeds for {len(ts)} task embeddings")
         c = model.cfg
         self.t = torch.stack([t.to(device=c.device, dtype=c.dtype) for t in ts])  # (task, layer, head, d_head)
         self.theta = nn.Parameter(
@@ -78,7 +83,10 @@ class BatchedAlphaTrainer:
         )
         self.histories: list[TrainHistory] = []
         self.backend_used: Backend | None = None
-        self.cache_steps = 50  # training prompts' prefixes are cached this many steps ahead
+        # training prompts' prefixes are cached this many steps ahead: None chooses the longest window (the whole
+        # schedule, 200, 100 steps) whose keys and values stay within cache_bytes, else 50
+        self.cache_steps: int | None = None
+        self.cache_bytes = 3 * 2**30
         self.max_rows = 64  # prompts in one forward (validation's many prompts go in several)
 
     def alpha(self) -> Float[Tensor, "task layer head_index"]:
@@ -89,17 +97,18 @@ class BatchedAlphaTrainer:
         """Each task's mean first-token CE over its cache rows ``rows[k]`` (0 where empty), in one cache call."""
         n = self.theta.shape[0]
         device = self.model.cfg.device
-        # shortest prompts first, at most max_rows in a forward: little padding, bounded memory
-        idx = sorted((i for part in rows for i in part), key=lambda i: len(cache.examples[i].tokens))
+        # (prompt, task) pairs, shortest prompts first, at most max_rows in a forward: little padding, bounded
+        # memory; a prompt two tasks share (the seeds of one task) is cached once and run once for each
+        pairs = sorted(((i, k) for k, part in enumerate(rows) for i in part), key=lambda p: len(cache.examples[p[0]].tokens))
         sums = torch.zeros(n, device=device)
-        if idx:
+        if pairs:
             alpha = self.alpha()
-            assert cache.owners is not None
-            for at in range(0, len(idx), self.max_rows):
-                for group, logits in cache.logits(idx[at : at + self.max_rows], alpha, self.t):
-                    target = torch.tensor([cache.examples[i].target for i in group], device=logits.device)
+            for at in range(0, len(pairs), self.max_rows):
+                idx, own = zip(*pairs[at : at + self.max_rows])
+                for pos, logits in cache.logits_as(idx, own, alpha, self.t):
+                    target = torch.tensor([cache.examples[idx[p]].target for p in pos], device=logits.device)
                     ce = F.cross_entropy(logits.float(), target, reduction="none")
-                    sums = sums.index_add(0, cache.owners[group].to(device), ce.to(device))
+                    sums = sums.index_add(0, torch.tensor([own[p] for p in pos], device=device), ce.to(device))
         counts = torch.tensor([max(1, len(part)) for part in rows], device=device, dtype=sums.dtype)
         return sums / counts
 
@@ -117,41 +126,40 @@ class BatchedAlphaTrainer:
             )
         if any(not tr for tr in trains):
             raise ValueError("BatchedAlphaTrainer.fit needs at least one training example per task")
+        # tasks given the same list of examples (one task's seeds) share its prompts' cached prefixes
+        pool, va_pool = _pools(trains), _pools(valids) if valids else list(range(n))
         valids = [list(v)[: cfg.max_valid] for v in valids] if valids else [[] for _ in range(n)]
         validate = bool(cfg.eval_every) and any(valids)  # a task without valid items does not validate
-        plans = [schedule(len(tr), cfg.steps, cfg.batch_size, self.seed) for tr in trains]
+        plans = [schedule(len(tr), cfg.steps, cfg.batch_size, s) for tr, s in zip(trains, self.seeds)]
+        ahead = self.cache_steps or self._window(plans, pool, trains)
         with frozen(self.model):
             backend = self.backend_used = backend_for(self.model, self.engine.backend)
             window: dict[str, Any] = {"step": 0}
 
             def cache_from(first: int) -> None:
                 """One cache of every task's prompts for steps first .. first + cache_steps - 1 (memory: that
-                many steps' prefixes, not the whole schedule's); task k's rows follow task k - 1's."""
-                used = [sorted({i for b in plan[first : first + self.cache_steps] for i in b}) for plan in plans]
-                start = [sum(len(u) for u in used[:k]) for k in range(n)]
-                window["remap"] = [{i: start[k] + j for j, i in enumerate(u)} for k, u in enumerate(used)]
+                many steps' prefixes, not the whole schedule's); each pool's prompts follow the last pool's."""
+                used = [set() for _ in range(max(pool) + 1)]
+                for k, plan in enumerate(plans):
+                    used[pool[k]].update(i for b in plan[first : first + ahead] for i in b)
+                order = [sorted(u) for u in used]
+                start = [sum(len(u) for u in order[:q]) for q in range(len(order))]
+                at = [{i: start[q] + j for j, i in enumerate(u)} for q, u in enumerate(order)]
+                window["remap"] = [at[pool[k]] for k in range(n)]
                 window["cache"] = None  # the last window's prefixes freed before the next are made
+                first_of = {q: pool.index(q) for q in set(pool)}  # a task holding each pool's examples
                 window["cache"] = PromptCache(
-                    self.model,
-                    [trains[k][i] for k, u in enumerate(used) for i in u],
-                    backend=backend,
-                    owners=[k for k, u in enumerate(used) for _ in u],
-                    ragged=True,
+                    self.model, [trains[first_of[q]][i] for q, u in enumerate(order) for i in u], backend=backend, ragged=True
                 )
             va_cache = va_rows = None
             if validate:
-                va_cache = PromptCache(
-                    self.model,
-                    [e for v in valids for e in v],
-                    backend=backend,
-                    owners=[k for k, v in enumerate(valids) for _ in v],
-                    ragged=True,
-                )
-                va_start = [sum(len(v) for v in valids[:k]) for k in range(n)]
-                va_rows = [list(range(va_start[k], va_start[k] + len(v))) for k, v in enumerate(valids)]
+                firsts = sorted({va_pool.index(q) for q in set(va_pool)})  # one task's valid list per pool
+                va_cache = PromptCache(self.model, [e for k in firsts for e in valids[k]], backend=backend, ragged=True)
+                va_start = {va_pool[k]: sum(len(valids[j]) for j in firsts[:i]) for i, k in enumerate(firsts)}
+                va_rows = [list(range(va_start[va_pool[k]], va_start[va_pool[k]] + len(v))) for k, v in enumerate(valids)]
 
             def step_losses(batches: list[Sequence[int] | None]) -> Tensor:
-                if window["step"] % self.cache_steps == 0:
+                if window["step"] % ahead == 0:
                     cache_from(window["step"])
                 window["step"] += 1
                 remap = window["remap"]
@@ -175,3 +183,30 @@ class BatchedAlphaTrainer:
                 progress=progress,
             )
         return self.histories
+
+    def _window(self, plans: list[list[list[int]]], pool: list[int], trains: Sequence[Sequence[Example]]) -> int:
+        """The longest cache window (steps) whose prefixes' keys and values fit ``cache_bytes``: one window of
+        the whole schedule runs each prompt's prefix once however often it is drawn, and once for all of a
+        task's seeds that draw it."""
+        c = self.model.cfg
+        kv_heads = getattr(c, "n_key_value_heads", None) or c.n_heads
+        per_token = c.n_layers * 2 * kv_heads * c.d_head * torch.tensor([], dtype=c.dtype).element_size()
+        steps = len(plans[0])
+        first_of = {q: pool.index(q) for q in set(pool)}
+        for ahead in (steps, 200, 100):
+            worst = 0
+            for first in range(0, steps, ahead):
+                used: dict[int, set[int]] = {}
+                for k, plan in enumerate(plans):
+                    used.setdefault(pool[k], set()).update(i for b in plan[first : first + ahead] for i in b)
+                tokens = sum(len(trains[first_of[q]][i].tokens) - 1 for q, u in used.items() for i in u)
+                worst = max(worst, tokens * per_token)
+            if worst <= self.cache_bytes:
+                return ahead
+        return 50
+
+
+def _pools(lists: Sequence[Sequence[Example]]) -> list[int]:
+    """For each task, the pool of its examples: tasks given the very same list share one."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(x), len(first)) for x in lists]
