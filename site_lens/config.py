@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-T = TypeVar("T", bound="_Config")
+T = TypeVar("T", bound="Config")
 
 
 OBJECTIVES = ("first_token", "sequence", "option_token")  # training objectives (stages/objectives.py)
@@ -26,7 +26,9 @@ class ConfigError(ValueError):
     """A config field has a bad value or an unknown name."""
 
 
-class _Config:
+class Config:
+    """The base of every config: ``to_dict`` / ``from_dict`` through JSON, unknown keys refused."""
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # type: ignore[call-overload]
 
@@ -40,11 +42,11 @@ class _Config:
             raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known keys are {sorted(known)}")
         # nested configs (SiteConfig's stages) from their dicts; a null one takes its defaults, except an optional
         # part's (SiteConfig.sparsity), which stays off
-        parts = {f.name: f.default_factory for f in fields(cls) if _is_config(f.default_factory)}  # type: ignore[arg-type]
+        parts = {f.name: f.default_factory for f in fields(cls) if is_config(f.default_factory)}  # type: ignore[arg-type]
         optional = {f.name: f.metadata["config"] for f in fields(cls) if "config" in f.metadata}  # type: ignore[arg-type]
         values = {}
         for k, v in d.items():
-            if k in parts and not isinstance(v, _Config):
+            if k in parts and not isinstance(v, Config):
                 v = parts[k].from_dict(v or {})
             elif k in optional and isinstance(v, dict):
                 v = optional[k].from_dict(v)
@@ -52,13 +54,13 @@ class _Config:
         return cls(**values)
 
 
-def _is_config(kind: Any) -> bool:
+def is_config(kind: Any) -> bool:
     """Whether a field's default factory is a config class (a nested stage config)."""
-    return isinstance(kind, type) and issubclass(kind, _Config)
+    return isinstance(kind, type) and issubclass(kind, Config)
 
 
 @dataclass
-class EmbeddingConfig(_Config):
+class EmbeddingConfig(Config):
     """Stage 1: how the task embedding t[layer, head] is averaged.
 
     Example:
@@ -77,7 +79,7 @@ class EmbeddingConfig(_Config):
 
 
 @dataclass
-class TrainConfig(_Config):
+class TrainConfig(Config):
     """An optimiser loop over the frozen model: what SITE's stage 2 and every trained baseline share.
 
     Its defaults are the baselines' modest CPU budget (docs/benchmark.md); ``SelectionConfig``
@@ -141,7 +143,7 @@ BACKENDS = ("auto", "hooked", "packed")
 
 
 @dataclass
-class EngineConfig(_Config):
+class EngineConfig(Config):
     """How the training steps run, not what they compute (the paths agree to float rounding; tests check it).
 
     Example:
@@ -162,7 +164,7 @@ class EngineConfig(_Config):
 
 
 @dataclass
-class EvalConfig(_Config):
+class EvalConfig(Config):
     """Stage 3 and scoring.
 
     Example:
@@ -190,7 +192,7 @@ K_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 @dataclass
-class SparsityConfig(_Config):
+class SparsityConfig(Config):
     """Sparse SITE: a price on every head the gate opens (``sparse``).
 
     Example:
@@ -215,7 +217,7 @@ class SparsityConfig(_Config):
 
 
 @dataclass
-class MinimalConfig(_Config):
+class MinimalConfig(Config):
     """``sparsify``'s study per (task, seed): sparse SITE along a path of penalty weights against top-k head sets.
 
     Example:
@@ -259,7 +261,7 @@ class MinimalConfig(_Config):
 
 
 @dataclass
-class AnalyseConfig(_Config):
+class AnalyseConfig(Config):
     """``analyse``: patching, CIE and transfer over fitted runs.
 
     Example:
@@ -280,7 +282,7 @@ class AnalyseConfig(_Config):
 
 
 @dataclass
-class SiteConfig(_Config):
+class SiteConfig(Config):
     """Everything one SITE run depends on.
 
     Example:
@@ -316,7 +318,7 @@ class SiteConfig(_Config):
     def __post_init__(self) -> None:
         for f in fields(self):  # each stage's part must be its config (``from_dict`` builds them from dicts)
             kind = f.default_factory
-            if _is_config(kind) and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
+            if is_config(kind) and not isinstance(getattr(self, f.name), kind):  # type: ignore[arg-type]
                 got = type(getattr(self, f.name)).__name__
                 raise ConfigError(f"SiteConfig.{f.name} must be an {kind.__name__}, got {got}")  # type: ignore[union-attr]
         if self.sparsity is not None:

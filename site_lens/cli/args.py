@@ -10,6 +10,7 @@ from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
 from ..config import (
+    Config,
     ConfigError,
     EmbeddingConfig,
     EngineConfig,
@@ -17,11 +18,10 @@ from ..config import (
     SelectionConfig,
     SiteConfig,
     SparsityConfig,
-    _Config,
-    _is_config,
+    is_config,
 )
 
-T = TypeVar("T", bound=_Config)
+T = TypeVar("T", bound=Config)
 
 
 def comma_list(text: str) -> list[str]:
@@ -54,7 +54,7 @@ def positive_int(text: str) -> int:
 def field_help(cls: type) -> dict[str, str]:
     """Each field's trailing comment in the class source (a subclass's over its base's): its help text."""
     out: dict[str, str] = {}
-    for kind in reversed([k for k in cls.__mro__ if k is not _Config and _is_config(k)]):
+    for kind in reversed([k for k in cls.__mro__ if k is not Config and is_config(k)]):
         for line in inspect.getsource(kind).splitlines():
             m = re.match(r"\s+(\w+): [^#]+#\s*(.+)$", line)
             if m:
@@ -105,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str | None 
     group = parser.add_argument_group(title or cls.__name__)
     helps = field_help(cls)
     for f in fields(cls):
-        if _is_config(f.default_factory) or "config" in f.metadata:  # SiteConfig's parts: their own groups
+        if is_config(f.default_factory) or "config" in f.metadata:  # SiteConfig's parts: their own groups
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
         # other names of the flag, e.g. --limit for --max-test (lm-evaluation-harness's name)
