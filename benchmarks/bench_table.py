@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 METHODS = ["zero_shot", "icl", "site", "fv", "tv", "i2cl", "mtv", "lora", "ia3"]
-# SITE paper (Park et al., 2026), FV benchmark, Llama-3.1-8B, mean exact match %, as quoted in issue 3
+# SITE paper (Park et al., 2026), FV benchmark, Llama-3.1-8B, mean exact match %
 PAPER = {"icl": "76.76", "site": "90.02", "i2cl": "79.89", "lora": "86.76"}
 
 
