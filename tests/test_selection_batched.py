@@ -309,3 +309,12 @@ def test_the_cache_window_is_the_whole_schedule_where_its_prefixes_fit(model, ei
     assert trainer._window(plans, [0, 0], [trains[0]] * 2) in (200, 100, 50)
     trainer.cache_bytes = 0
     assert trainer._window(plans, [0, 0], [trains[0]] * 2) == 50
+
+
+def test_zero_steps_and_no_seeds_are_empty_not_errors(model, eight):
+    from site_lens.experiments.sharding import together
+
+    _, ts, trains, valids = eight
+    hists = BatchedAlphaTrainer(model, ts[:2], SelectionConfig(steps=0)).fit(trains[:2], valids[:2])
+    assert [h.step for h in hists] == [[], []]
+    assert together(["a"], [], 4) == [] and together(["a"], [0, 0], 4) == [[("a", 0)]]

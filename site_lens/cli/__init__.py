@@ -238,8 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--task-batch",
         type=positive_int,
         default=1,
-        help="fit SITE's rows this many tasks at a time, stage 2 in one loop (each task's theta its own fit's; "
-        "memory grows with it: see BENCHMARKS.md) (default: 1, one at a time)",
+        help="fit up to this many SITE rows (task, seed) in one stage-2 loop, a task's seeds together where they "
+        "fit, sharing its prompts' prefixes (each row's theta its own fit's; memory grows with it: see "
+        "BENCHMARKS.md) (default: 1, one at a time)",
     )
     p.add_argument(
         "--shard",

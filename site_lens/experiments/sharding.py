@@ -63,6 +63,9 @@ def shard(tasks: Sequence[str], spec: str | None) -> list[str]:
 
 def together(tasks: Sequence[str], seeds: Sequence[int], n: int) -> list[list[tuple[str, int]]]:
     """(task, seed) rows in loops of at most ``n``: whole tasks (every seed) per loop where ``n`` allows."""
+    seeds = list(dict.fromkeys(seeds))
+    if not seeds:
+        return []
     if n >= len(seeds):
         per = n // len(seeds)
         return [[(t, s) for t in tasks[i : i + per] for s in seeds] for i in range(0, len(tasks), per)]

@@ -187,11 +187,13 @@ class BatchedAlphaTrainer:
     def _window(self, plans: list[list[list[int]]], pool: list[int], trains: Sequence[Sequence[Example]]) -> int:
         """The longest cache window (steps) whose prefixes' keys and values fit ``cache_bytes``: one window of
         the whole schedule runs each prompt's prefix once however often it is drawn, and once for all of a
-        task's seeds that draw it."""
+        task's seeds that draw it. The estimate leaves out the valid prompts' cache; 50 steps is the floor."""
         c = self.model.cfg
         kv_heads = getattr(c, "n_key_value_heads", None) or c.n_heads
         per_token = c.n_layers * 2 * kv_heads * c.d_head * torch.tensor([], dtype=c.dtype).element_size()
         steps = len(plans[0])
+        if steps == 0:  # nothing to train: no window to cache
+            return 1
         first_of = {q: pool.index(q) for q in set(pool)}
         for ahead in (steps, 200, 100):
             worst = 0
