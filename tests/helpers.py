@@ -51,13 +51,15 @@ def tiny(**overrides):
 HF_FIELDS = {**TINY_HF_FIELDS, "d_vocab": "vocab_size", "initializer_range": "initializer_range"}
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "Qwen2ForCausalLM": "qwen2"}
 ARCHITECTURES |= {"MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3", "GPTNeoXForCausalLM": "gpt_neox"}
+ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm"}
+# partial or adjacent-pair rotary: a Llama-like block whose transformers model has it (GLM: adjacent pairs)
+ROTARY = {False: "Phi3ForCausalLM", True: "GlmForCausalLM"}
 # values that are what the bridge's Llama-like and Gemma-3-like blocks are anyway
 IMPLIED = {
     "normalization_type": "RMS",
     "final_rms": True,
     "positional_embedding_type": "rotary",
     "gated_mlp": True,
-    "rotary_adjacent_pairs": False,
     "attn_only": False,
     "device": "cpu",
     "default_prepend_bos": False,
@@ -69,8 +71,9 @@ def tiny_bridge_like(**overrides):
     post-sublayer norms are asked for; the named ``original_architecture`` otherwise) of the same shape, with the
     same defaults (2 layers, d_model 32, 4 heads of 8, 2 key/value heads, d_mlp 64, n_ctx 64).
 
-    A HookedTransformer setting no such transformers model has (partial or adjacent-pair rotary, LayerNorm,
-    attention-only blocks ...) skips the test, naming it.
+    Partial rotary gives Phi-3 (the halves of the rotated part), adjacent-pair rotary GLM (partial or whole);
+    a HookedTransformer setting no such transformers model has (attention-only blocks, no final norm ...) skips the
+    test, naming it.
     """
     import pytest
     import torch
@@ -89,7 +92,12 @@ def tiny_bridge_like(**overrides):
         if given != value:
             pytest.skip(f"the tiny TransformerBridge has no {key}={given!r} (its blocks are Llama's or Gemma 3's)")
     gemma = bool(o.pop("use_qk_norm", False)) | bool(o.pop("use_normalization_before_and_after", False))
-    named = o.pop("original_architecture", "Gemma3ForCausalLM" if gemma else "LlamaForCausalLM")
+    adjacent = bool(o.pop("rotary_adjacent_pairs", False))
+    d_head = o.get("d_head", 8)
+    rotary_dim = o.pop("rotary_dim", None) or d_head
+    rotary = adjacent or rotary_dim != d_head
+    default = ROTARY[adjacent] if rotary else "Gemma3ForCausalLM" if gemma else "LlamaForCausalLM"
+    named = o.pop("original_architecture", default)
     arch = ARCHITECTURES.get(named)
     if arch is None or gemma != (arch == "gemma3"):
         pytest.skip(f"no tiny TransformerBridge of {named} with these norms")
@@ -101,10 +109,10 @@ def tiny_bridge_like(**overrides):
     n_layers = hf.setdefault("num_hidden_layers", 2)
     if hf.get("num_key_value_heads", 0) is None:  # multi-head attention
         hf["num_key_value_heads"] = hf.get("num_attention_heads", 4)
-    d_head = hf.get("head_dim", 8)
-    rotary_dim = o.pop("rotary_dim", d_head)
-    if rotary_dim not in (None, d_head):
-        pytest.skip("the tiny TransformerBridge rotates whole heads (no partial rotary on Llama or Gemma 3)")
+    if rotary and named != ROTARY[adjacent]:
+        pytest.skip(f"no tiny TransformerBridge of {named} with this rotary (partial: Phi-3, adjacent pairs: GLM)")
+    if named in ROTARY.values():
+        hf["partial_rotary_factor"] = rotary_dim / d_head
     act = o.pop("act_fn", None)
     if act is not None:  # gelu_new is the tanh approximation, transformers' gelu_pytorch_tanh
         hf["hidden_activation" if arch == "gemma3" else "hidden_act"] = {"gelu_new": "gelu_pytorch_tanh"}.get(act, act)
@@ -123,7 +131,7 @@ def tiny_bridge_like(**overrides):
         pytest.skip(f"the tiny TransformerBridge does not map {', '.join(sorted(o))}")
     if arch == "gpt_neox":  # one key/value head per head, d_model / n_heads wide
         hf.pop("num_key_value_heads", None), hf.pop("head_dim", None)
-    else:  # zero attention biases, as HookedTransformer has (b_Q, b_K, b_V, b_O)
+    elif arch != "phi3":  # zero attention biases, as HookedTransformer has (b_Q, b_K, b_V, b_O); Phi-3 has none
         hf.setdefault("attention_bias", True)
     tok = char_tokenizer()
     model = tiny_hf(arch, tok, seed, **hf).to(dtype)

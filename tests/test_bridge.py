@@ -318,16 +318,18 @@ def test_rerun_path_counts_negative_positions_from_the_new_tokens():
         assert torch.allclose(got, want, atol=1e-5), pos
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3", "mistral", "glm", "phi3", "phi3-window"])
 def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
     """One packed engine for both model engines: packed from the bridge's transformers weights, its last-token
-    logits, spans and gated generations equal the bridge's own forward."""
+    logits, spans and gated generations equal the bridge's own forward (GLM and Phi-3: fused matrices, partial
+    rotary over adjacent pairs or halves; Phi-3 with a sliding window of four in every layer)."""
     from site_lens.engine.backend import backend_for
     from site_lens.engine.bridge_backend import BridgeBackend
     from site_lens.gate import injection_hooks
     from site_lens.stages.generation import generate_under_gates
 
-    hf = tiny_hf(arch, char_tokenizer(), **({"attention_bias": True} if arch == "llama" else {}))
+    extra = {"llama": {"attention_bias": True}, "phi3-window": {"sliding_window": 4}}.get(arch, {})
+    hf = tiny_hf(arch.removesuffix("-window"), char_tokenizer(), **extra)
     with torch.no_grad():  # unequal norm gains and non-zero biases, so every fold and bias shows
         for n, p in hf.named_parameters():
             if "norm" in n or n.endswith(".bias"):
@@ -376,10 +378,11 @@ def test_tiny_model_as_a_bridge_has_the_tiny_shape_and_refuses_what_it_cannot_bu
         _tiny_bridge(None, {"d_vocab": 500})
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "glm", "phi3"])
 def test_packed_bridge_rotary_tables_grow_as_the_model_computes_them(arch):
     """pack_bridge's tables start at 2,048 positions and grow on demand (LastToken.cover); the grown rows equal the
-    model's own rotary embedding there and the first rows are unchanged."""
+    model's own rotary embedding there (GLM's each frequency twice side by side, as it applies them) and the first
+    rows are unchanged."""
     from site_lens.engine.bridge_pack import pack_bridge
     from site_lens.engine.packed import LastToken
 
@@ -390,11 +393,15 @@ def test_packed_bridge_rotary_tables_grow_as_the_model_computes_them(arch):
     runner.cover(3000)
     hf = bridge.original_model
     x = torch.zeros(1, 1, bridge.cfg.d_head)
+    assert runner.rotary_dim == (4 if arch in ("glm", "phi3") else bridge.cfg.d_head)
+    assert runner.adjacent == (arch == "glm")
     types = list(getattr(hf.config, "layer_types", None) or []) or [None] * len(runner.layers)
     for w, old, kind in zip(runner.layers, before, types):
         assert w.cos.shape[0] >= 3000 and torch.equal(w.cos[:2048], old)
         args = (x, torch.tensor([[2999]])) if kind is None else (x, torch.tensor([[2999]]), kind)
         cos, sin = hf.model.rotary_emb(*args)
+        if arch == "glm":  # (freqs, freqs) -> (f0, f0, f1, f1, ...)
+            cos, sin = (u[..., : u.shape[-1] // 2].repeat_interleave(2, -1) for u in (cos, sin))
         assert torch.allclose(w.cos[2999], cos[0, 0], atol=1e-6) and torch.allclose(w.sin[2999], sin[0, 0], atol=1e-6)
 
 

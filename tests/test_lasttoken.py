@@ -290,6 +290,24 @@ def test_one_prefix_many_gates_equals_row_by_row(model):
 DECODE_VARIANTS = ["gqa", "mha", "partial-rotary", "adjacent-rotary", "biases", "gemma3-like"]
 
 
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
+def test_packed_decode_logits_equal_the_models_forward(variant):
+    """Packed decode steps from a prefix give the model's own logits for the grown sequence (either engine)."""
+    model = _variant_model(variant)
+    runner = _packed(model)
+    tokens = torch.tensor([[5, 9, 17, 3, 22], [8, 8, 1, 30, 2], [3, 4, 5, 6, 7]])
+    state = runner.start_decode(runner.prefix(tokens), 4)
+    with torch.no_grad():
+        for step in range(4):  # past gemma3-like's window of four
+            nxt = torch.tensor([(13 * step + 7 * j) % 50 + 1 for j in range(len(tokens))])
+            got = runner.decode(nxt, state)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+            want = model(tokens)[:, -1]
+            assert torch.allclose(got, want, atol=1e-5), (step, (got - want).abs().max())
+        with pytest.raises(ValueError, match="full"):
+            runner.decode(nxt, state)
+
+
 @needs_hooked("decodes against TransformerLens's KV cache (a bridge decodes against its own)")
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
 def test_packed_decode_logits_equal_hooked_cache(variant):

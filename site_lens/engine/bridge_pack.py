@@ -8,9 +8,10 @@ wraps, with prefixes from the bridge's KV cache (keys already rotated, as
 ``LastToken`` keeps them). One packed model serves both model engines.
 
 It covers Llama-style blocks (Llama, Mistral, Qwen2; Qwen3's per-head Q/K
-norms) and Gemma 3 ((1 + w) norms, a norm after each sublayer, a scaled
-embedding, sliding-window layers with their own rotary base) in float32 or
-float64 on one device; ``backend.backend_for`` holds it to the bridge's own
+norms; Phi-3's fused Q/K/V and gate/up matrices and partial rotary; GLM's
+partial rotary over adjacent pairs) and Gemma 3 ((1 + w) norms, a norm after
+each sublayer, a scaled embedding, sliding-window layers with their own rotary
+base) in float32 or float64 on one device; ``backend.backend_for`` holds it to the bridge's own
 forward on a probe prompt before using it.
 """
 
@@ -27,8 +28,11 @@ from .packed_layer import Norm, PackedLayer, PackedWeights, bias_or_none
 # transformers architectures whose blocks pack_bridge packs (each held to the bridge by the probe as well)
 PACKED_BRIDGE_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"}
+    | {"Phi3ForCausalLM", "GlmForCausalLM"}
 )
 GEMMA = "Gemma3ForCausalLM"  # (1 + w) norms, a norm after each sublayer, a scaled embedding, sliding layers
+ADJACENT = frozenset({"GlmForCausalLM"})  # rotary pairs (x0, x1), (x2, x3) ...; the others rotate the two halves
+WINDOWED = "Phi3ForCausalLM"  # config.sliding_window (where set) holds in every layer
 
 
 def _raw(module):
@@ -37,9 +41,10 @@ def _raw(module):
 
 
 def _params(hf_model) -> dict[str, Tensor]:
-    """The model's parameters by their transformers names (the bridge's wrapper levels left out)."""
+    """The model's parameters by their transformers names (the bridge's wrapper levels left out; a parameter its
+    components share, such as Phi-3's fused Q/K/V under the bridge's ``qkv``, under every name)."""
     out: dict[str, Tensor] = {}
-    for name, p in hf_model.named_parameters():
+    for name, p in hf_model.named_parameters(remove_duplicate=False):
         out.setdefault(name.replace("._original_component", ""), p)
     return out
 
@@ -109,25 +114,29 @@ def pack_bridge(bridge) -> PackedWeights:
         raise ValueError(f"the packed model cannot run this bridge: {why}")
     hf = bridge.original_model
     cfg = hf.config
-    gemma = architecture(bridge) == GEMMA
+    arch = architecture(bridge)
+    gemma, adjacent = arch == GEMMA, arch in ADJACENT
     offset = 1.0 if gemma else 0.0  # Gemma's RMSNorm multiplies by (1 + w)
     rows = kernels_available()
     p = _params(hf)
     rotary = _raw(hf.model.rotary_emb)
+    # the rotated leading part of each head (partial rotary: < d_head); Gemma 3 has an inv_freq per layer type
+    rotary_dim = 2 * next(b for n, b in rotary.named_buffers() if n.endswith("inv_freq")).numel()
     types = list(getattr(cfg, "layer_types", None) or []) or [None] * len(hf.model.layers)
     eps = float(cfg.rms_norm_eps)
     d_head = bridge.cfg.d_head
     dtype = bridge.cfg.dtype
 
     def tables_of(n: int, layer_type: str | None) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions 0..n-1, (n, d_head), as the model's rotary embedding computes them
-        (for ``layer_type``'s rotary base where the model has one per layer type)."""
+        """cos and sin of positions 0..n-1, (n, rotary_dim), as the model's rotary embedding computes them
+        (for ``layer_type``'s rotary base where the model has one per layer type); each frequency twice, side by
+        side for adjacent pairs, else once per half."""
         prefix = f"{layer_type}_" if layer_type is not None and hasattr(rotary, f"{layer_type}_inv_freq") else ""
         scale = float(getattr(rotary, f"{prefix}attention_scaling", 1.0))
         with torch.inference_mode(False), torch.no_grad():  # tables enter autograd graphs later
             inv = getattr(rotary, f"{prefix}inv_freq").float().clone()
             freqs = torch.outer(torch.arange(n, device=inv.device, dtype=torch.float32), inv)
-            emb = torch.cat((freqs, freqs), -1)
+            emb = freqs.repeat_interleave(2, -1) if adjacent else torch.cat((freqs, freqs), -1)
             return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
     size = [2048]  # the tables' length: doubled when a longer sequence needs more
@@ -156,13 +165,21 @@ def pack_bridge(bridge) -> PackedWeights:
             g = gain(name)
             return None if g is None else (g, eps)
 
-        qkv_bias = [b(f"self_attn.{n}_proj") for n in "qkv"]
         ln2 = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
         window = getattr(a, "sliding_window", None) if types[i] == "sliding_attention" else None
+        if arch == WINDOWED:
+            window = getattr(cfg, "sliding_window", None)
+        # Q/K/V (out, in) stacked q, k, v; gate and up stacked gate, up: one fused Linear (Phi-3, GLM) or several
+        fused = pre + "self_attn.qkv_proj.weight" in p
+        w_qkv = w("self_attn.qkv_proj") if fused else torch.cat([w(f"self_attn.{n}_proj") for n in "qkv"], 0)
+        qkv_bias = [b("self_attn.qkv_proj")] if fused else [b(f"self_attn.{n}_proj") for n in "qkv"]
+        w_gate_up = w("mlp.gate_up_proj") if pre + "mlp.gate_up_proj.weight" in p else None
+        if w_gate_up is None:
+            w_gate_up = torch.cat([w("mlp.gate_proj"), w("mlp.up_proj")], 0)
         return PackedLayer(
             eps1=eps,
             # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as packed_layer.pack_block packs it
-            w_qkv=gain("input_layernorm")[:, None] * torch.cat([w(f"self_attn.{n}_proj").T for n in "qkv"], 1),
+            w_qkv=gain("input_layernorm")[:, None] * w_qkv.T,
             b_qkv=None
             if all(x is None for x in qkv_bias)
             else bias_or_none(torch.cat([x for x in qkv_bias if x is not None])),
@@ -172,11 +189,11 @@ def pack_bridge(bridge) -> PackedWeights:
             cos=cos,
             sin=sin,
             eps2=eps,
-            w_gate_in=gain(ln2)[:, None] * torch.cat([w("mlp.gate_proj").T, w("mlp.up_proj").T], 1),
+            w_gate_in=gain(ln2)[:, None] * w_gate_up.T,
             b_in=None,
             w_out=w("mlp.down_proj").T.contiguous() if rows else w("mlp.down_proj").clone(),  # a snapshot
             b_out=None,
-            act=mlp.act_fn,
+            act=getattr(mlp, "act_fn", None) or mlp.activation_fn,
             q_norm=norm("self_attn.q_norm"),
             k_norm=norm("self_attn.k_norm"),
             ln1_post=norm("post_attention_layernorm") if gemma else None,
@@ -211,8 +228,8 @@ def pack_bridge(bridge) -> PackedWeights:
         n_kv=getattr(cfg, "num_key_value_heads", None) or n_heads,
         d_head=d_head,
         d_mlp=cfg.intermediate_size,
-        rotary_dim=d_head,
-        adjacent=False,  # transformers rotates halves
+        rotary_dim=rotary_dim,
+        adjacent=adjacent,
         n_ctx=cfg.max_position_embeddings,
         rows=rows,
         tables=tables,

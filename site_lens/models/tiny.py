@@ -12,7 +12,7 @@ from .engines import ModelError, hooked_class
 from .identity import register
 
 # the architectures tiny_hf builds (transformers model types)
-TINY_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox")
+TINY_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "glm", "phi3")
 
 
 def build_cfg(**overrides: Any) -> Any:
@@ -159,6 +159,9 @@ def tiny_hf_config(arch: str, vocab: int, **overrides: Any) -> Any:
     if arch == "gpt_neox":
         d = dict(base, rotary_pct=0.5, use_parallel_residual=True)
         return tf.GPTNeoXConfig(**{**d, **overrides})
+    if arch in ("glm", "phi3"):  # partial rotary (half of each head); GLM's pairs adjacent, Phi-3's the halves
+        d = dict(base, num_key_value_heads=2, head_dim=8, partial_rotary_factor=0.5)
+        return (tf.GlmConfig if arch == "glm" else tf.Phi3Config)(**{**d, **overrides})
     raise ModelError(f"unknown tiny architecture '{arch}'; use one of {', '.join(TINY_ARCHITECTURES)}")
 
 
