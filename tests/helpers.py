@@ -68,8 +68,9 @@ IMPLIED = {
 
 def tiny_bridge_like(**overrides):
     """The TransformerBridge counterpart of ``tiny(**overrides)``: a tiny random Llama (Gemma 3 where Q/K norms or
-    post-sublayer norms are asked for; the named ``original_architecture`` otherwise) of the same shape, with the
-    same defaults (2 layers, d_model 32, 4 heads of 8, 2 key/value heads, d_mlp 64, n_ctx 64).
+    post-sublayer norms are asked for, Phi-3 or GLM for partial or adjacent-pair rotary; the named
+    ``original_architecture`` otherwise) of the same shape, with the same defaults (2 layers, d_model 32, 4 heads
+    of 8, 2 key/value heads, d_mlp 64, n_ctx 64).
 
     Partial rotary gives Phi-3 (the halves of the rotated part), adjacent-pair rotary GLM (partial or whole);
     a HookedTransformer setting no such transformers model has (attention-only blocks, no final norm ...) skips the

@@ -78,6 +78,7 @@ def unpackable(bridge) -> str | None:
     devices = {str(d) for d in (getattr(hf, "hf_device_map", None) or {}).values()}
     checks = [
         (arch not in PACKED_BRIDGE_ARCHITECTURES, f"architecture {arch} is not one the packed path covers"),
+        (not type(hf).__module__.startswith("transformers."), "the model's code is not transformers' own"),
         (
             bool(getattr(bridge, "compatibility_mode", False) or getattr(bridge, "_weights_processed", False)),
             "the bridge's weights are processed",
@@ -121,7 +122,10 @@ def pack_bridge(bridge) -> PackedWeights:
     p = _params(hf)
     rotary = _raw(hf.model.rotary_emb)
     # the rotated leading part of each head (partial rotary: < d_head); Gemma 3 has an inv_freq per layer type
-    rotary_dim = 2 * next(b for n, b in rotary.named_buffers() if n.endswith("inv_freq")).numel()
+    inv_freq = next((b for n, b in rotary.named_buffers() if n.endswith("inv_freq")), None)
+    if inv_freq is None:
+        raise ValueError("the packed model cannot run this bridge: its rotary embedding has no inv_freq")
+    rotary_dim = 2 * inv_freq.numel()
     types = list(getattr(cfg, "layer_types", None) or []) or [None] * len(hf.model.layers)
     eps = float(cfg.rms_norm_eps)
     d_head = bridge.cfg.d_head
@@ -169,7 +173,8 @@ def pack_bridge(bridge) -> PackedWeights:
         window = getattr(a, "sliding_window", None) if types[i] == "sliding_attention" else None
         if arch == WINDOWED:
             window = getattr(cfg, "sliding_window", None)
-        # Q/K/V (out, in) stacked q, k, v; gate and up stacked gate, up: one fused Linear (Phi-3, GLM) or several
+        # (out, in) matrices stacked as the model splits them: Q/K/V one fused Linear (Phi-3) or three; gate/up one
+        # fused Linear (Phi-3, GLM) or two
         fused = pre + "self_attn.qkv_proj.weight" in p
         w_qkv = w("self_attn.qkv_proj") if fused else torch.cat([w(f"self_attn.{n}_proj") for n in "qkv"], 0)
         qkv_bias = [b("self_attn.qkv_proj")] if fused else [b(f"self_attn.{n}_proj") for n in "qkv"]
