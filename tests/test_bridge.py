@@ -318,17 +318,21 @@ def test_rerun_path_counts_negative_positions_from_the_new_tokens():
         assert torch.allclose(got, want, atol=1e-5), pos
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3", "mistral", "glm", "phi3", "phi3-window"])
+ARCHS = ["llama", "gemma3", "qwen2", "qwen3", "mistral", "mistral-window", "glm", "phi3", "phi3-window"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_packed_engine_from_transformers_weights_equals_the_bridge(arch):
     """One packed engine for both model engines: packed from the bridge's transformers weights, its last-token
     logits, spans and gated generations equal the bridge's own forward (GLM and Phi-3: fused matrices, partial
-    rotary over adjacent pairs or halves; Phi-3 with a sliding window of four in every layer)."""
+    rotary over adjacent pairs or halves; Mistral and Phi-3 with a sliding window of four in every layer)."""
     from site_lens.engine.backend import backend_for
     from site_lens.engine.bridge_backend import BridgeBackend
     from site_lens.gate import injection_hooks
     from site_lens.stages.generation import generate_under_gates
 
-    extra = {"llama": {"attention_bias": True}, "phi3-window": {"sliding_window": 4}}.get(arch, {})
+    window = {"sliding_window": 4}
+    extra = {"llama": {"attention_bias": True}, "phi3-window": window, "mistral-window": window}.get(arch, {})
     hf = tiny_hf(arch.removesuffix("-window"), char_tokenizer(), **extra)
     with torch.no_grad():  # unequal norm gains and non-zero biases, so every fold and bias shows
         for n, p in hf.named_parameters():

@@ -32,7 +32,7 @@ PACKED_BRIDGE_ARCHITECTURES = frozenset(
 )
 GEMMA = "Gemma3ForCausalLM"  # (1 + w) norms, a norm after each sublayer, a scaled embedding, sliding layers
 ADJACENT = frozenset({"GlmForCausalLM"})  # rotary pairs (x0, x1), (x2, x3) ...; the others rotate the two halves
-WINDOWED = "Phi3ForCausalLM"  # config.sliding_window (where set) holds in every layer
+WINDOWED = frozenset({"Phi3ForCausalLM", "MistralForCausalLM"})  # config.sliding_window (where set): every layer
 
 
 def _raw(module):
@@ -88,12 +88,6 @@ def unpackable(bridge) -> str | None:
         (len(devices) > 1, "the model is split over devices"),
         (_activation(cfg) not in ("silu", "gelu", "gelu_pytorch_tanh"), "unknown activation"),
         (bool(getattr(cfg, "mlp_bias", False)), "the MLP has biases"),
-        (
-            isinstance(getattr(cfg, "sliding_window", None), int)
-            and getattr(cfg, "use_sliding_window", True)
-            and arch == "MistralForCausalLM",
-            "sliding-window attention",
-        ),
         (
             arch != GEMMA and any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])),
             "sliding-window layers",
@@ -171,7 +165,7 @@ def pack_bridge(bridge) -> PackedWeights:
 
         ln2 = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
         window = getattr(a, "sliding_window", None) if types[i] == "sliding_attention" else None
-        if arch == WINDOWED:
+        if arch in WINDOWED:
             window = getattr(cfg, "sliding_window", None)
         # (out, in) matrices stacked as the model splits them: Q/K/V one fused Linear (Phi-3) or three; gate/up one
         # fused Linear (Phi-3, GLM) or two
