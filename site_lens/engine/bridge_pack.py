@@ -167,14 +167,13 @@ def pack_bridge(bridge) -> PackedWeights:
         window = getattr(a, "sliding_window", None) if types[i] == "sliding_attention" else None
         if arch in WINDOWED:
             window = getattr(cfg, "sliding_window", None)
-        # (out, in) matrices stacked as the model splits them: Q/K/V one fused Linear (Phi-3) or three; gate/up one
-        # fused Linear (Phi-3, GLM) or two
-        fused = pre + "self_attn.qkv_proj.weight" in p
-        w_qkv = w("self_attn.qkv_proj") if fused else torch.cat([w(f"self_attn.{n}_proj") for n in "qkv"], 0)
-        qkv_bias = [b("self_attn.qkv_proj")] if fused else [b(f"self_attn.{n}_proj") for n in "qkv"]
-        w_gate_up = w("mlp.gate_up_proj") if pre + "mlp.gate_up_proj.weight" in p else None
-        if w_gate_up is None:
-            w_gate_up = torch.cat([w("mlp.gate_proj"), w("mlp.up_proj")], 0)
+        # (out, in) matrices stacked as the model splits them: one fused Linear (Phi-3's Q/K/V, Phi-3's and GLM's
+        # gate/up) or the parts' rows one after another
+        qkv = [f"self_attn.{n}_proj" for n in "qkv"]
+        qkv = ["self_attn.qkv_proj"] if pre + "self_attn.qkv_proj.weight" in p else qkv
+        gate_up = ["mlp.gate_up_proj"] if pre + "mlp.gate_up_proj.weight" in p else ["mlp.gate_proj", "mlp.up_proj"]
+        w_qkv, w_gate_up = (torch.cat([w(n) for n in names], 0) for names in (qkv, gate_up))
+        qkv_bias = [b(n) for n in qkv]
         return PackedLayer(
             eps1=eps,
             # (d_model, (h + 2 kv) d_head), the pre-norm's gain folded in, as packed_layer.pack_block packs it
