@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from .malloc import keep_freed
+
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "SITE_LENS_ADAPTIVE_THREADS"
@@ -130,7 +132,9 @@ def adapt() -> None:
 
 @contextmanager
 def adaptive_threads():
-    """Adapt the thread count inside (reentrant); the user's count is back when the outermost block ends."""
+    """Adapt the thread count inside (reentrant); the user's count is back when the outermost block ends. Freed
+    memory is kept for reuse from the first block on (``malloc.keep_freed``)."""
+    keep_freed()
     GOVERNOR.depth += 1
     try:
         adapt()

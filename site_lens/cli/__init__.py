@@ -327,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    from ..malloc import keep_freed
     from ..progress import shown
 
+    keep_freed()  # big tensors reuse freed pages (SITE_LENS_KEEP_FREED=0: malloc as it is)
     try:
         with shown():  # a bar on a terminal, else one line per finished unit on stderr
             return int(args.func(args) or 0)

@@ -1,0 +1,68 @@
+"""Freed memory kept for reuse (site_lens.malloc): a big block allocated again faults no pages in."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from site_lens import malloc
+
+PROBE = """
+import ctypes, json, resource, sys
+from site_lens.malloc import keep_freed
+on = keep_freed() if sys.argv[1] == "apply" else False
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(64 * 2**20)  # past malloc's largest mmap threshold (32 MB)
+    libc.memset(block, 1, 64 * 2**20)
+    n = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    libc.free(block)
+    return n
+first = faults()
+print(json.dumps({"on": on, "first": first, "again": [faults() for _ in range(3)]}))
+"""
+
+pytestmark = pytest.mark.skipif(malloc._glibc() is None, reason="mallopt is glibc's")
+
+
+def _probe(apply: bool, switch: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != malloc.ENV_SWITCH}
+    if switch is not None:
+        env[malloc.ENV_SWITCH] = switch
+    out = subprocess.run([sys.executable, "-c", PROBE, "apply" if apply else "leave"], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_a_freed_big_block_is_reused_without_page_faults():
+    pages = 64 * 2**20 // 4096  # 16,384 pages of 4 KB
+    left = _probe(apply=False)
+    kept = _probe(apply=True)
+    assert not left["on"] and kept["on"]
+    assert min(left["again"]) > pages // 2  # malloc's default: every allocation mmaps and faults its pages again
+    assert kept["first"] > pages // 2  # the first time, the heap grows into new pages
+    assert max(kept["again"]) < pages // 50  # then they are reused
+
+
+def test_the_switch_leaves_malloc_as_it_is():
+    off = _probe(apply=True, switch="0")
+    assert not off["on"] and min(off["again"]) > 64 * 2**20 // 4096 // 2
+
+
+def test_long_calls_keep_freed_memory():
+    code = (
+        "from site_lens import malloc\n"
+        "from site_lens.threads import adaptive_threads\n"
+        "assert malloc._applied is None\n"
+        "with adaptive_threads():\n"
+        "    print(malloc._applied)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != malloc.ENV_SWITCH}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
