@@ -42,19 +42,21 @@ with torch.no_grad():
 
 def child(cmd: list[str], keep: bool) -> dict:
     env = {**os.environ, "SITE_LENS_KEEP_FREED": "1" if keep else "0", "HF_HUB_OFFLINE": "1"}
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    err = p.stderr.read().decode() if p.stderr else ""
-    if status != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child cannot block on a full pipe
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)  # this child's own rusage (reaped here)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        if status != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err.read().decode()[-2000:]}")
     return {
         "wall_s": wall,
         "user_s": ru.ru_utime,
         "sys_s": ru.ru_stime,
         "minor_faults": ru.ru_minflt,
-        "peak_rss_gb": ru.ru_maxrss / 2**20,  # KB -> GB
+        "peak_rss_gb": ru.ru_maxrss / 2**20,  # KiB -> GiB
     }
 
 

@@ -8,7 +8,9 @@ forward, system time equalled user time (BENCHMARKS.md, "Big tensors and page fa
 
 ``keep_freed()`` asks malloc to serve every block from its heap and to keep what is freed there
 (``mallopt(M_MMAP_MAX, 0)`` and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)``): pages are faulted once and
-reused by the next forward. The cost is that the process keeps the memory it has used (its
+reused by the next forward (blocks allocated outside the main thread still come from ``mmap``
+past 64 MiB, glibc's per-thread heaps; torch allocates a forward's tensors from the calling
+thread). The cost is that the process keeps the memory it has used (its
 resident size stays near its peak; free space above 1 GiB at the top of the heap still goes
 back). It is process-wide and is applied once, by site-lens's long calls
 (``threads.adaptive_threads``) and the CLI. Off with ``SITE_LENS_KEEP_FREED=0`` (read before it is
@@ -47,6 +49,7 @@ def keep_freed() -> bool:
     if _applied is None:
         _applied = False
         if os.environ.get(ENV_SWITCH, "1") != "0" and (libc := _glibc()) is not None:
-            _applied = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            trim = bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))  # first, so that a failure leaves mmap on
+            _applied = trim and bool(libc.mallopt(M_MMAP_MAX, 0))
             log.debug("malloc keeps freed memory: %s (%s=0 leaves malloc as it is)", _applied, ENV_SWITCH)
     return _applied

@@ -15,11 +15,13 @@ from site_lens.malloc import keep_freed
 on = keep_freed() if sys.argv[1] == "apply" else False
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     block = libc.malloc(64 * 2**20)  # past malloc's largest mmap threshold (32 MB)
+    assert block
     libc.memset(block, 1, 64 * 2**20)
     n = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     libc.free(block)
@@ -41,18 +43,18 @@ def _probe(apply: bool, switch: str | None = None) -> dict:
 
 
 def test_a_freed_big_block_is_reused_without_page_faults():
-    pages = 64 * 2**20 // 4096  # 16,384 pages of 4 KB
+    """Counts, not times. Relative, so that huge pages (one fault per 2 MB where THP is 'always') pass too."""
     left = _probe(apply=False)
     kept = _probe(apply=True)
     assert not left["on"] and kept["on"]
-    assert min(left["again"]) > pages // 2  # malloc's default: every allocation mmaps and faults its pages again
-    assert kept["first"] > pages // 2  # the first time, the heap grows into new pages
-    assert max(kept["again"]) < pages // 50  # then they are reused
+    assert min(left["again"]) > 0 and kept["first"] > 0  # fresh pages: malloc's default every time, kept the first
+    assert max(kept["again"]) * 20 < min(left["again"])  # then kept reuses them
 
 
 def test_the_switch_leaves_malloc_as_it_is():
     off = _probe(apply=True, switch="0")
-    assert not off["on"] and min(off["again"]) > 64 * 2**20 // 4096 // 2
+    kept = _probe(apply=True)
+    assert not off["on"] and max(kept["again"]) * 20 < min(off["again"])
 
 
 def test_long_calls_keep_freed_memory():
