@@ -11,9 +11,9 @@ from site_lens import malloc
 
 PROBE = """
 import ctypes, json, resource, sys
-from site_lens.malloc import keep_freed
+from site_lens.malloc import _glibc, keep_freed
 on = keep_freed() if sys.argv[1] == "apply" else False
-libc = ctypes.CDLL("libc.so.6")
+libc = _glibc()
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -33,13 +33,16 @@ print(json.dumps({"on": on, "first": first, "again": [faults() for _ in range(3)
 pytestmark = pytest.mark.skipif(malloc._glibc() is None, reason="mallopt is glibc's")
 
 
-def _probe(apply: bool, switch: str | None = None) -> dict:
+def _python(code: str, *args: str, switch: str | None = None) -> str:
+    """stdout of ``code`` in a fresh interpreter, the switch unset unless given."""
     env = {k: v for k, v in os.environ.items() if k != malloc.ENV_SWITCH}
     if switch is not None:
         env[malloc.ENV_SWITCH] = switch
-    out = subprocess.run([sys.executable, "-c", PROBE, "apply" if apply else "leave"], env=env, capture_output=True,
-                         text=True, check=True)  # fmt: skip
-    return json.loads(out.stdout)
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def _probe(apply: bool, switch: str | None = None) -> dict:
+    return json.loads(_python(PROBE, "apply" if apply else "leave", switch=switch))
 
 
 def test_a_freed_big_block_is_reused_without_page_faults():
@@ -65,6 +68,4 @@ def test_long_calls_keep_freed_memory():
         "with adaptive_threads():\n"
         "    print(malloc._applied)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != malloc.ENV_SWITCH}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert _python(code).strip() == "True"
