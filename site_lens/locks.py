@@ -1,8 +1,9 @@
 """Locks for one output folder shared by concurrent processes, on one host or several.
 
-A lock is a file made by atomic exclusive creation (``O_CREAT | O_EXCL``), which
-network file systems honour where ``flock`` is not; it names its holder
-(host and pid namespace, pid, the process's start time) in JSON. While held, a background thread
+A lock is a file made by atomic exclusive creation (a hard link of a finished temp
+file, or ``O_CREAT | O_EXCL``), which network file systems honour where ``flock`` is
+not; it names its holder (host and pid namespace, pid, the process's start time) in
+JSON, present from the moment the file exists. While held, a background thread
 refreshes the file's modification time every ``heartbeat`` seconds. A lock is
 *stale* when its holder is a process of this host that is gone, or, for a
 holder on another host (whose processes cannot be seen from here), when the
@@ -139,16 +140,8 @@ class Locks:
         if gens and self.holder(lock) is not None:
             return False
         path = lock.parent / f"{lock.name}.{gens[-1][0] + 1 if gens else 0}"
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:  # another process took it first
+        if not self._create(path):  # another process took it first
             return False
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({**self.me, "since": time.time()}, f)
-        except BaseException:
-            path.unlink(missing_ok=True)  # ours, half-written: it would block the lock until stale
-            raise
         if self.generations(lock)[-1][1] != path:  # a newer generation appeared (our listing was stale)
             self._mark_released(path)
             return False
@@ -160,6 +153,41 @@ class Locks:
                     target=self._beat, args=(self._stop,), name="site-lens-locks", daemon=True
                 )
                 self._thread.start()
+        return True
+
+    def _create(self, path: Path) -> bool:
+        """Create generation file ``path`` holding this process's JSON, whole; False if it exists.
+
+        The JSON goes into a temp file first, which is then hard-linked to ``path``: creating a link
+        fails where the name exists, as ``O_EXCL`` does, and no reader ever sees the file empty
+        (a process killed between an exclusive create and its write would leave one, which blocks
+        the lock until stale). Where hard links are refused, exclusive creation and a write.
+        """
+        info = json.dumps({**self.me, "since": time.time()})
+        tmp = path.with_name(f".{path.name}.{owner_tag()}.new.tmp")  # an orphan if killed: removed as one
+        tmp.write_text(info)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # over NFS a link can be made yet reported as failed: the count tells
+            return os.stat(tmp).st_nlink == 2
+        except OSError:  # no hard links on this file system
+            return self._create_exclusive(path, info)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    @staticmethod
+    def _create_exclusive(path: Path, info: str) -> bool:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(info)
+        except BaseException:
+            path.unlink(missing_ok=True)  # ours, half-written: it would block the lock until stale
+            raise
         return True
 
     def release(self, lock: Path) -> None:

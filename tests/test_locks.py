@@ -104,6 +104,19 @@ def test_a_half_written_lock_counts_as_held_until_stale(tmp_path):
     assert Locks(stale_after=60.0).acquire(lock)
 
 
+@pytest.mark.parametrize("dies_in", ["json.dump", "json.dumps", "os.link"])
+def test_a_process_killed_while_taking_a_lock_leaves_it_free(tmp_path, dies_in):
+    """Killed (no cleanup runs) while it writes its lock file: the next process takes the lock at once."""
+    lock = tmp_path / "a" / "row"
+    code = f"import json, os, sys\nfrom site_lens.locks import Locks\n{dies_in} = lambda *a, **k: os._exit(9)\n"
+    code += "sys.exit(3 if Locks().acquire(__import__('pathlib').Path(sys.argv[1])) else 4)"
+    died = subprocess.run([sys.executable, "-c", code, str(lock)], check=False, timeout=60)
+    assert died.returncode in (3, 9)  # 3: this way of creating it never called that function
+    assert Locks(stale_after=3600.0).acquire(lock)
+    bench.remove_stale_temps(tmp_path)
+    assert list(tmp_path.rglob("*.tmp")) == []
+
+
 def test_the_heartbeat_refreshes_a_held_lock(tmp_path):
     lock = tmp_path / "row"
     held = Locks(heartbeat=0.02)
