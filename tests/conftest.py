@@ -51,3 +51,20 @@ def fv_dir():
     if not FV_DIR.is_dir():
         pytest.skip(f"{FV_DIR} not present")
     return FV_DIR
+
+
+@pytest.fixture(scope="session")
+def bench_reference(tmp_path_factory):
+    """(data, ref): the tiny task folders and one uninterrupted run of ``small.bench_cmd`` on them, in a fresh
+    process, for the tests that kill, share or resume a bench run and compare it with this one."""
+    import subprocess
+
+    from small import bench_cmd, write_task_dir
+
+    root = tmp_path_factory.mktemp("bench_reference")
+    data, ref = write_task_dir(root / "data"), root / "ref"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(bench_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return data, ref
+

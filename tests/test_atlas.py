@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -261,27 +262,32 @@ PULL = """
 import json, sys
 from site_lens.atlas import load_atlas
 from site_lens.atlas.hub import pull
-try:
-    path = pull(sys.argv[1], sys.argv[2] if sys.argv[2] != "-" else None)
-    atlas = load_atlas(sys.argv[1], sys.argv[2] if sys.argv[2] != "-" else None)
-    print(json.dumps({"path": str(path), "tasks": atlas.tasks}))
-except Exception as e:
-    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+from site_lens.atlas.store import load_folder
+for repo, revision, cache in json.loads(sys.argv[1]):
+    try:
+        path = pull(repo, revision, cache_dir=cache)
+        atlas = load_atlas(repo, revision) if cache is None else load_folder(path)  # None: HF_HUB_CACHE's, as a user's
+        print(json.dumps({"path": str(path), "tasks": atlas.tasks}))
+    except Exception as e:
+        print(json.dumps({"error": type(e).__name__, "message": str(e)}))
 """
 
 
-def pull_in_subprocess(hub_url: str, cache, repo: str, revision: str | None = None) -> dict:
-    """Pull through huggingface_hub with HF_ENDPOINT at the loopback server (read when the library loads)."""
+def pulls_in_subprocess(hub_url: str, cache, jobs: list[tuple[str, str | None, str | None]]) -> list[dict]:
+    """Pulls (repo, revision, cache folder or None for ``cache``) through huggingface_hub in one fresh interpreter,
+    with HF_ENDPOINT at the loopback server (read when the library loads); one result per pull."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "HF_ENDPOINT": hub_url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(cache),
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": ""}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", PULL, repo, revision or "-"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", PULL, json.dumps(jobs)], env=env, capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out = [json.loads(line) for line in done.stdout.strip().splitlines() if line.startswith("{")]
+    assert len(out) == len(jobs), done.stdout
+    return out
 
 
 def test_pull_from_a_loopback_hub_is_byte_identical_and_errors_are_one_line(made, tmp_path):
@@ -291,21 +297,26 @@ def test_pull_from_a_loopback_hub_is_byte_identical_and_errors_are_one_line(made
 
     folder = made["atlas"].save(tmp_path / "a")
     files = {f: (folder / f).read_bytes() for f in FILES}
+    missing = (("lab/nothing-here", None, "no atlas 'lab/nothing-here' on the Hub"),
+               ("lab/tiny-atlas", "v9", "has no revision 'v9'"))  # fmt: skip
     with HubServer() as hub:
         v1 = hub.repos.add("lab/tiny-atlas", files, ref="v1")
         hub.repos.add("lab/tiny-atlas", {**files, "README.md": b"changed"}, ref="main")  # main moved on: damaged
-        got = pull_in_subprocess(hub.url, tmp_path / "cache", "lab/tiny-atlas", "v1")
-        assert got.get("tasks") == made["atlas"].tasks, got
-        for f in FILES:
-            assert (tmp_path / "cache").joinpath(got["path"], f).read_bytes() == files[f], f
-        pinned = pull_in_subprocess(hub.url, tmp_path / "cache2", "lab/tiny-atlas", v1)  # a commit pins it too
-        assert pinned.get("tasks") == made["atlas"].tasks, pinned
-        damaged = pull_in_subprocess(hub.url, tmp_path / "cache3", "lab/tiny-atlas")
-        assert damaged["error"] == "AtlasError" and "do not match the SHA-256" in damaged["message"]
-        for repo, rev, words in (("lab/nothing-here", None, "no atlas 'lab/nothing-here' on the Hub"),
-                                 ("lab/tiny-atlas", "v9", "has no revision 'v9'")):  # fmt: skip
-            r = pull_in_subprocess(hub.url, tmp_path / "cache4", repo, rev)
-            assert r["error"] == "AtlasError" and words in r["message"] and "\n" not in r["message"], r
+        jobs = [
+            ("lab/tiny-atlas", "v1", None),
+            ("lab/tiny-atlas", v1, str(tmp_path / "cache2")),  # a commit pins it too
+            ("lab/tiny-atlas", None, str(tmp_path / "cache3")),
+            *((repo, rev, str(tmp_path / "cache4")) for repo, rev, _ in missing),
+        ]
+        got, pinned, damaged, *errors = pulls_in_subprocess(hub.url, tmp_path / "cache", jobs)
+    assert got.get("tasks") == made["atlas"].tasks, got
+    for f in FILES:
+        assert (tmp_path / "cache").joinpath(got["path"], f).read_bytes() == files[f], f
+    assert pinned.get("tasks") == made["atlas"].tasks, pinned
+    assert Path(pinned["path"]).is_relative_to(tmp_path / "cache2")
+    assert damaged["error"] == "AtlasError" and "do not match the SHA-256" in damaged["message"]
+    for r, (_, _, words) in zip(errors, missing, strict=True):
+        assert r["error"] == "AtlasError" and words in r["message"] and "\n" not in r["message"], r
 
 
 def test_push_uploads_the_atlas_files_and_its_card(made, tmp_path, monkeypatch):

@@ -114,7 +114,7 @@ SHOWN = {c for _, c, _ in _outputs()}  # blocks run by test_shown_output_is_what
 
 
 def _slow(code: str) -> bool:
-    return "load_model(" in code
+    return "load_model(" in code or "load_hf_model(" in code  # an embedded model: seconds to load
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from small import bench_cmd, write_task_dir
+from small import bench_cmd
 
 from site_lens import locks
 from site_lens.config import ConfigError
@@ -209,12 +209,10 @@ def _printed(text: str) -> list[tuple[str, str]]:
     return [tuple(line.split()[:2]) for line in text.splitlines() if " first-tok " in line]
 
 
-def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_killed(tmp_path):
-    data = write_task_dir(tmp_path / "data")
-    out, ref = tmp_path / "out", tmp_path / "ref"
+def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_killed(bench_reference, tmp_path):
+    data, ref = bench_reference
+    out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(bench_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
     logs = [tmp_path / f"p{i}.log" for i in range(3)]
     slow = {**env, "SMALL_ROW_SECONDS": "4"}  # the victim's rows last long enough to be caught holding one
 

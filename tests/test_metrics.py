@@ -51,7 +51,7 @@ def test_settled_match_agrees_with_every_continuation():
     rng = random.Random(0)
     alphabet = ["a", "n", "t", " ", "\n", "(", ")", "A", "s", "é"]
     targets = ["ant", "Ant s", "a (b)", "  ant", "n", "(A)", "(a) t", "(n"]
-    for _ in range(3000):
+    for _ in range(1000):
         full = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 7)))
         for target, cs in itertools.product(targets, (False, True)):
             want = exact_match(full, target, cs)
