@@ -1,9 +1,9 @@
 """Locks for one output folder shared by concurrent processes, on one host or several.
 
 A lock is a file made by atomic exclusive creation (a hard link of a finished temp
-file, or ``O_CREAT | O_EXCL``), which network file systems honour where ``flock`` is
-not; it names its holder (host and pid namespace, pid, the process's start time) in
-JSON, present from the moment the file exists. While held, a background thread
+file, or ``O_CREAT | O_EXCL`` where hard links are refused), which network file systems
+honour where ``flock`` is not; it names its holder (host and pid namespace, pid, the
+process's start time) in JSON, present from the moment the file exists where hard links work. While held, a background thread
 refreshes the file's modification time every ``heartbeat`` seconds. A lock is
 *stale* when its holder is a process of this host that is gone, or, for a
 holder on another host (whose processes cannot be seen from here), when the
@@ -24,10 +24,12 @@ a process removes only temps whose writer is known to be gone
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
 import re
+import secrets
 import socket
 import threading
 import time
@@ -35,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 HEARTBEAT_S = 30.0
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # link() refused by the file system
 STALE_AFTER_S = 600.0  # another host's lock unrefreshed this long is dead (20 missed heartbeats)
 
 
@@ -122,7 +125,7 @@ class Locks:
             return {}
         try:
             info = json.loads(text)
-        except ValueError:  # still being written by its creator (or it died there): judge by age alone
+        except ValueError:  # being written after an exclusive creation (or its creator died there): judge by age
             info = {}
         if not isinstance(info, dict):
             info = {}
@@ -164,14 +167,19 @@ class Locks:
         the lock until stale). Where hard links are refused, exclusive creation and a write.
         """
         info = json.dumps({**self.me, "since": time.time()})
-        tmp = path.with_name(f".{path.name}.{owner_tag()}.new.tmp")  # an orphan if killed: removed as one
-        tmp.write_text(info)
+        tmp = path.with_name(f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}new.tmp")  # killed: an orphan
         try:
-            os.link(tmp, path)
-        except FileExistsError:  # over NFS a link can be made yet reported as failed: the count tells
-            return os.stat(tmp).st_nlink == 2
-        except OSError:  # no hard links on this file system
-            return self._create_exclusive(path, info)
+            tmp.write_text(info)
+            try:
+                os.link(tmp, path)
+            except OSError as e:
+                if os.stat(tmp).st_nlink == 2:  # over NFS a link can be made and yet reported as failed
+                    return True
+                if isinstance(e, FileExistsError):
+                    return False
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                return self._create_exclusive(path, info)
         finally:
             tmp.unlink(missing_ok=True)
         return True

@@ -67,4 +67,3 @@ def bench_reference(tmp_path_factory):
     done = subprocess.run(bench_cmd(data, ref), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     return data, ref
-

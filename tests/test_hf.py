@@ -233,7 +233,7 @@ def test_embedded_models_agree_with_transformer_lens(name, request):
     for bs, n in ((16, len(prompts)), (1, 16)):  # batched (padded) on all 50, one at a time on the first 16
         got = hf.generate(model, tok, prompts[:n], adapter, max_new_tokens=8, batch_size=bs, return_tokens=True)
         same = sum(a == b for a, b in zip(got, want[:n], strict=True))
-        assert same >= 0.98 * n, (bs, same, [(a, b) for a, b in zip(got, want) if a != b][:3])
+        assert same >= n - 1, (bs, same, [(a, b) for a, b in zip(got, want) if a != b][:3])  # one may differ
     moved = Adapter(t=t, theta=theta, model={**adapter.model, "source_sha256": "0" * 64})  # other weights
     with pytest.raises(AdapterError, match="source_sha256"), hf.inject(model, moved):
         pass

@@ -104,17 +104,39 @@ def test_a_half_written_lock_counts_as_held_until_stale(tmp_path):
     assert Locks(stale_after=60.0).acquire(lock)
 
 
-@pytest.mark.parametrize("dies_in", ["json.dump", "json.dumps", "os.link"])
-def test_a_process_killed_while_taking_a_lock_leaves_it_free(tmp_path, dies_in):
-    """Killed (no cleanup runs) while it writes its lock file: the next process takes the lock at once."""
+@pytest.mark.parametrize(
+    "dies_in, codes",
+    [("json.dump", (3, 9)), ("json.dumps", (9,)), ("os.link", (9,)), ("pathlib.Path.unlink", (9,))],
+)  # 3: this way of creating a lock file never calls json.dump
+def test_a_process_killed_while_taking_a_lock_leaves_it_free(tmp_path, dies_in, codes):
+    """Killed (no cleanup runs) while it creates its lock file: the next process takes the lock at once."""
     lock = tmp_path / "a" / "row"
-    code = f"import json, os, sys\nfrom site_lens.locks import Locks\n{dies_in} = lambda *a, **k: os._exit(9)\n"
-    code += "sys.exit(3 if Locks().acquire(__import__('pathlib').Path(sys.argv[1])) else 4)"
+    code = "import json, os, pathlib, sys\nfrom site_lens.locks import Locks\n"
+    code += f"{dies_in} = lambda *a, **k: os._exit(9)\nsys.exit(3 if Locks().acquire(pathlib.Path(sys.argv[1])) else 4)"
     died = subprocess.run([sys.executable, "-c", code, str(lock)], check=False, timeout=60)
-    assert died.returncode in (3, 9)  # 3: this way of creating it never called that function
+    assert died.returncode in codes
+    gens = Locks.generations(lock)
+    assert all(json.loads(p.read_text())["pid"] for _, p in gens)  # a lock file is whole or absent
     assert Locks(stale_after=3600.0).acquire(lock)
     bench.remove_stale_temps(tmp_path)
     assert list(tmp_path.rglob("*.tmp")) == []
+    assert [p for _, p in Locks.generations(lock)][: len(gens)] == [p for _, p in gens]  # no lock file removed
+
+
+def test_without_hard_links_a_lock_is_created_exclusively(tmp_path, monkeypatch):
+    import errno
+
+    def refuse(*a, **k):
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    monkeypatch.setattr(os, "link", refuse)
+    lock = tmp_path / "row"
+    mine = Locks()
+    assert mine.acquire(lock) and not Locks().acquire(lock)
+    assert json.loads((tmp_path / "row.0").read_text())["pid"] == os.getpid()
+    assert list(tmp_path.glob(".*.tmp")) == []
+    mine.release(lock)
+    assert Locks().acquire(lock)
 
 
 def test_the_heartbeat_refreshes_a_held_lock(tmp_path):
@@ -232,7 +254,7 @@ def test_processes_sharing_a_folder_compute_each_row_once_even_when_one_is_kille
         while time.time() < deadline and not killed and victim.poll() is None:
             holds, others = False, False
             for p in (out / bench.LOCKS_DIR).rglob("*"):
-                if not p.parent.name.startswith("seed"):
+                if not p.parent.name.startswith("seed") or p.name.startswith("."):  # a temp is not a lock
                     continue
                 try:
                     info = json.loads(p.read_text())
