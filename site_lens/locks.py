@@ -3,8 +3,9 @@
 A lock is a file made by atomic exclusive creation (a hard link of a finished temp
 file, or ``O_CREAT | O_EXCL`` where hard links are refused), which network file systems
 honour where ``flock`` is not; it names its holder (host and pid namespace, pid, the
-process's start time) in JSON, present from the moment the file exists where hard links work. While held, a background thread
-refreshes the file's modification time every ``heartbeat`` seconds. A lock is
+process's start time) in JSON, present from the moment the file exists where hard links
+work. While held, a background thread refreshes the file's modification time every
+``heartbeat`` seconds. A lock is
 *stale* when its holder is a process of this host that is gone, or, for a
 holder on another host (whose processes cannot be seen from here), when the
 file has not been refreshed for ``stale_after`` seconds.
