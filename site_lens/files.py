@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 from pathlib import Path
 from typing import Any
 
-from .locks import owner_tag
+from .locks import temp_beside
 
 
 def umask() -> int:
@@ -91,7 +90,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """``write_text_atomic`` for bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_beside(path)
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask's permissions, as open() gives
     try:
         with os.fdopen(fd, "wb") as f:

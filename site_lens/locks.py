@@ -68,6 +68,12 @@ def owner_tag() -> str:
     return f"{_HOST}.{os.getpid()}"
 
 
+def temp_beside(path: Path, kind: str = "") -> Path:
+    """A temp file's path beside ``path``: hidden, named for this host and pid plus a random part (so two writers
+    in one process never share one), ending ``.tmp``; ``temp_is_orphan`` reads its writer back from the name."""
+    return path.with_name(f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}{kind}.tmp")
+
+
 def _alive(pid: int, start: str | None = None) -> bool:
     """Whether process ``pid`` runs and (when ``start`` is known) is the one that started then, not a reused pid."""
     try:
@@ -168,7 +174,7 @@ class Locks:
         the lock until stale). Where hard links are refused, exclusive creation and a write.
         """
         info = json.dumps({**self.me, "since": time.time()})
-        tmp = path.with_name(f".{path.name}.{owner_tag()}.{secrets.token_hex(4)}new.tmp")  # killed: an orphan
+        tmp = temp_beside(path, "new")  # killed: an orphan, removed as one
         try:
             tmp.write_text(info)
             try:
@@ -213,7 +219,7 @@ class Locks:
                     self._thread = None
 
     def _mark_released(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.{owner_tag()}.rel.tmp")
+        tmp = temp_beside(path, "rel")
         tmp.write_text(json.dumps({**self.me, "released": time.time()}))
         os.replace(tmp, path)
 
