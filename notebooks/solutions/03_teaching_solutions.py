@@ -16,8 +16,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
+from transformers import DynamicCache
 
 import site_lens as sl
+from site_lens.models.engines import is_bridge
 
 
 def attn_out_from_z(
@@ -87,15 +89,24 @@ def train_theta(model, t, examples, plan, lr=0.2):
 
 def generate_with_injection(model, tokens: list[int], t, alpha, max_new_tokens: int) -> list[int]:
     """Greedy tokens after ``tokens``: t injected at the last prompt token during prefill only, then the KV cache."""
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    bridge = is_bridge(model)  # a TransformerBridge runs transformers' model: its cache is transformers' own
+    cache = DynamicCache() if bridge else TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+
+    def forward(x: Tensor) -> Tensor:
+        """x's logits; x's keys and values join the cache."""
+        if not bridge:
+            return model(x, past_kv_cache=cache)  # positions continue from where the cache ends
+        n = cache.get_seq_length()
+        return model(x, layer_past=cache, position_ids=torch.arange(n, n + x.shape[1])[None])
+
     out = []
     with torch.inference_mode():
         with model.hooks(fwd_hooks=sl.injection_hooks(model, t, alpha, pos=-1)):
-            logits = model(torch.tensor([tokens]), past_kv_cache=cache)  # prefill: the only injected pass
+            logits = forward(torch.tensor([tokens]))  # prefill: the only injected pass
         nxt = int(logits[0, -1].argmax())
         out.append(nxt)
         for _ in range(max_new_tokens - 1):
-            logits = model(torch.tensor([[nxt]]), past_kv_cache=cache)  # one new token against the cache
+            logits = forward(torch.tensor([[nxt]]))  # one new token against the cache
             nxt = int(logits[0, -1].argmax())
             out.append(nxt)
     return out

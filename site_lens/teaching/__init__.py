@@ -148,10 +148,12 @@ def check_attn_out_from_z(fn: Callable, model, tokens: Tensor, layer: int = 0) -
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens, names_filter=names)
             attn = model.blocks[layer].attn
-            b_O = attn.b_O.detach()
+            W_O = attn.W_O.detach()
+            # a bridge over a model without an output bias (Llama's, SmolLM2's) has b_O None: a zero bias
+            b_O = attn.b_O.detach() if attn.b_O is not None else W_O.new_zeros(W_O.shape[-1])
             # a bias of the learner's own, so an answer that drops b_O fails on models whose b_O is zero
             b_new = torch.randn(b_O.shape, generator=torch.Generator().manual_seed(0)).to(b_O)
-            got = _mine(fn, cache[names[0]].clone(), attn.W_O.detach(), b_new)
+            got = _mine(fn, cache[names[0]].clone(), W_O, b_new)
         err = _close("attn_out", got, cache[names[1]] - b_O + b_new, atol=1e-4, rtol=1e-4)
         return f"matches blocks.{layer}.hook_attn_out (max |diff| {err:.1e})"
 
