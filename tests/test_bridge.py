@@ -97,7 +97,10 @@ def test_injection_at_prefill_equals_uncached_reference(bridge):
 
 # ---------------------------------------------------------------- against HookedTransformer
 
-needs_hooked = pytest.mark.skipif(engines.HOOKED is None, reason="needs TransformerLens 3.x's HookedTransformer")
+needs_hooked = pytest.mark.skipif(
+    engines.HOOKED is None,
+    reason="needs TransformerLens 3.x's HookedTransformer: compares the bridge with a HookedTransformer of the same weights",
+)
 
 
 @needs_hooked
