@@ -1,6 +1,7 @@
 """The packed last-token path equals the hooked model, and the trainer falls back where it cannot run."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -204,22 +205,28 @@ def test_fit_packed_equals_fit_hooked(model):
 @pytest.mark.parametrize(
     "overrides, reason",
     [
-        (dict(normalization_type="LN", final_rms=False), "normalization"),
+        # LayerNorm: HookedTransformer's tiny model (Llama-named) fails the structural check; the tiny bridge with
+        # it is GPT-NeoX, off the bridge's packed list
+        (dict(normalization_type="LN", final_rms=False), "normalization|GPTNeoXForCausalLM"),
         (dict(positional_embedding_type="standard", rotary_dim=None), "rotary"),
         (dict(gated_mlp=False), "gated"),
-        (dict(output_logits_soft_cap=30.0), "soft cap"),
+        (dict(output_logits_soft_cap=30.0, use_qk_norm=True), "soft cap"),  # Gemma-like: both engines have it
     ],
 )
-@needs_hooked("packed.unsupported reads HookedTransformer configs (tests/test_bridge.py holds the bridge's checks)")
 def test_unsupported_configs_are_named_and_fall_back(overrides, reason):
+    """Either engine: the packed backend is refused naming why, and the trainer runs on the reference backend,
+    its cached loss equal to the whole-prompt one. (On TransformerLens 4 a shape no tiny bridge has is skipped,
+    naming it.)"""
     model = _tiny(**overrides)
-    why = unsupported(model)
-    assert why is not None and reason in why
-    with pytest.raises(ValueError, match=reason):
-        pack_hooked(model)
+    why = packed_blocker(model)
+    assert why is not None and re.search(reason, why), why
+    if not is_bridge(model):  # HookedTransformer's structural check and packer name it too
+        assert re.search(reason, unsupported(model))
+        with pytest.raises(ValueError, match=reason):
+            pack_hooked(model)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     tr = AlphaTrainer(model, t)
-    assert tr.backend().name == "hooked" and reason in tr.backend().reason  # the hooked model instead
+    assert tr.backend().name != "packed" and re.search(reason, tr.backend().reason)  # the reference backend
     with pytest.raises(ValueError, match=reason):
         backend_for(model, "packed")
     ex = _examples(model)
