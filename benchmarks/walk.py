@@ -2,16 +2,19 @@
 
 ``site-lens run`` is run on a small setting under a profiler that records the first call of every site-lens
 function below ``cmd_run``, in the order they are first called (a reader reads each function once), down to
-``--depth`` calls below ``cmd_run`` (4 by default: the story down to the methods' ``fit``; ``--depth 99`` follows
-every helper down to the kernels). Comprehensions and lambdas belong to the function around them; class bodies and
-modules' ``<module>`` bodies (imports) are left out. Consecutive functions of one module are one stay; a module's
+``--depth`` site-lens calls below ``cmd_run`` (4 by default: the story down to the methods' ``fit``;
+``--depth 99`` follows every helper down to the kernels; calls through torch or transformers add no depth).
+Comprehensions and lambdas belong to the function around them; class bodies, finalisers (``__del__``) and what
+runs while a module is imported are left out. Consecutive functions of one module are one stay; a module's
 entries are its stays that begin with a call from another module (back in a module that called out: a return, not
-an entry). A climb back up is an entry into a module already on the call stack below the caller (a lower layer
+an entry), so a module's entries count the times the walk comes into it from elsewhere, to a function not met yet.
+A climb back up is an entry into a module already on the call stack below the caller (a callback: a lower layer
 calling back into a higher one).
 
     .venv/bin/python benchmarks/walk.py [--engine hooked|bridge] [--depth N] [--show]
 
-Prints stays, rooms, climbs and each room's entries, most entered first; ``--show`` prints the walk itself.
+Prints the functions met, stays, rooms, climbs and each room's entries, most entered first; ``--show`` prints
+the walk itself.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def _room(filename: str) -> str | None:
 
 
 INNER = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>", "<lambda>")
+SKIPPED = (*INNER, "__del__")  # a finaliser runs when the collector decides, not where the reader is
 
 
 def trace(argv: list[str], depth: int) -> list[tuple[str, str, list[str]]]:
@@ -61,20 +65,26 @@ def trace(argv: list[str], depth: int) -> list[tuple[str, str, list[str]]]:
             return
         code = frame.f_code
         room = room_of(code)
-        if room is None or code.co_name in INNER or not code.co_flags & inspect.CO_NEWLOCALS or code in seen:
+        if room is None or code.co_name in SKIPPED or not code.co_flags & inspect.CO_NEWLOCALS or code in seen:
+            return
+        if code.co_name == "cmd_run":
+            seen.add(code)
+            walk.append((room, code.co_qualname, []))
             return
         below, calls, f = [], 0, frame.f_back
         while f is not None and f.f_code.co_name != "cmd_run":
+            if f.f_code.co_name == "<module>":  # run while importing a module: not the run's path
+                return
             r = room_of(f.f_code)
-            if r is not None and f.f_code.co_name not in INNER:
+            if r is not None and f.f_code.co_name not in INNER:  # site-lens frames count, others' do not
                 calls += 1
                 if not below or below[-1] != r:
                     below.append(r)
             f = f.f_back
-        if f is None and code.co_name != "cmd_run" or calls >= depth:
+        if f is None or calls >= depth:
             return
         seen.add(code)
-        walk.append((room, code.co_qualname, below + ["cli.commands"] if f is not None else below))
+        walk.append((room, code.co_qualname, below + [room_of(f.f_code)]))
 
     sys.setprofile(prof)
     try:

@@ -97,7 +97,7 @@ def generate_with_injection(model, tokens: list[int], t, alpha, max_new_tokens: 
         if not bridge:
             return model(x, past_kv_cache=cache)  # positions continue from where the cache ends
         n = cache.get_seq_length()
-        return model(x, layer_past=cache, position_ids=torch.arange(n, n + x.shape[1])[None])
+        return model(x, layer_past=cache, position_ids=torch.arange(n, n + x.shape[1], device=x.device)[None])
 
     out = []
     with torch.inference_mode():
