@@ -218,7 +218,10 @@ def test_unsupported_configs_are_named_and_fall_back(overrides, reason, bridge_r
     its cached loss equal to the whole-prompt one. (On TransformerLens 4 a shape no tiny bridge has is skipped,
     naming it.)"""
     model = _tiny(**overrides)
-    reason = bridge_reason if is_bridge(model) else reason
+    if is_bridge(model):
+        if bridge_reason is None:
+            pytest.skip(f"no bridge reason written for {overrides}: a tiny bridge of this shape is new")
+        reason = bridge_reason
     why = packed_blocker(model)
     assert why is not None and re.search(reason, why), why
     if not is_bridge(model):  # HookedTransformer's structural check and packer name it too

@@ -102,11 +102,11 @@ def generate_with_injection(model, tokens: list[int], t, alpha, max_new_tokens: 
     out = []
     with torch.inference_mode():
         with model.hooks(fwd_hooks=sl.injection_hooks(model, t, alpha, pos=-1)):
-            logits = forward(torch.tensor([tokens]))  # prefill: the only injected pass
+            logits = forward(torch.tensor([tokens], device=model.cfg.device))  # prefill: the only injected pass
         nxt = int(logits[0, -1].argmax())
         out.append(nxt)
         for _ in range(max_new_tokens - 1):
-            logits = forward(torch.tensor([[nxt]]))  # one new token against the cache
+            logits = forward(torch.tensor([[nxt]], device=model.cfg.device))  # one new token against the cache
             nxt = int(logits[0, -1].argmax())
             out.append(nxt)
     return out
