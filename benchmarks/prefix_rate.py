@@ -5,8 +5,9 @@ training prompts its schedule draws and of its first ``max_valid`` valid prompts
 but ``--steps``, seed 0) are timed once, with their prefix token count; the backend is chosen (packed, probed)
 before the first task, as a fit finds it chosen after stage 1. Right after each task, on the same thread: a plain
 forward of 32 rows x 17 tokens (stage 2's average prefix length; no logits: ``return_type=None`` stops after the
-final norm) and a float32 product of that many rows by an MLP matrix, each the best of 3, the ceilings a prefix
-forward could approach, timed beside it so the machine's drift between runs cancels in the ratios. Rates are
+final norm), best of 3, and a float32 product of that many rows by an MLP matrix (``bench_multitask.machine_rates``,
+the rate the many-task step is held to), the ceilings a prefix forward could approach, timed beside it so the
+machine's drift between runs cancels in the ratios. Rates are
 tokens/s and GFLOP/s counting 2 x the blocks' parameters per token (the embedding is a lookup, a prefix computes no
 logits, and attention scores, small at these lengths, are not counted). A HookedTransformer (TransformerLens 3.x).
 
@@ -20,6 +21,7 @@ import statistics
 import time
 
 import torch
+from bench_multitask import machine_rates
 
 import site_lens as sl
 from site_lens.config import SelectionConfig
@@ -53,7 +55,6 @@ def main() -> None:
     cfg = SelectionConfig(steps=args.steps)
     backend_for(model)  # packed and probed once, before any timing
     x = torch.randint(100, 1000, (32, 17))
-    a, b = torch.randn(x.numel(), model.cfg.d_model), torch.randn(model.cfg.d_model, model.cfg.d_mlp)
     with torch.no_grad():
         model(x, return_type=None)
     print(f"{args.model}: {blocks / 1e6:.1f} M block parameters, {torch.get_num_threads()} thread(s)")
@@ -72,7 +73,7 @@ def main() -> None:
         seconds, tokens = seconds + dt, tokens + n
         with torch.no_grad():
             fwd = 2 * blocks * x.numel() / best_of(3, lambda: model(x, return_type=None)) / 1e9
-        mm = 2 * a.shape[0] * a.shape[1] * b.shape[1] / best_of(3, lambda: a @ b) / 1e9
+        mm = machine_rates(x.numel(), model.cfg.d_model, model.cfg.d_mlp)["matmul_gflop_s"]
         fwd_rates.append(fwd), mm_rates.append(mm)
         print(f"{name:26s} {sum(map(len, caches)):4d} prompts, {n:6d} tokens: {dt:6.1f} s, {n / dt:4.0f} tokens/s, "
               f"{2 * blocks * n / dt / 1e9:5.1f} GFLOP/s | forward {fwd:5.1f} | product {mm:5.1f}", flush=True)  # fmt: skip
@@ -82,7 +83,7 @@ def main() -> None:
     print(f"plain forward 32 x 17 tokens, no logits (median over tasks of best of 3): {fwd:.1f} GFLOP/s; "
           f"prefixes / forward {rate / fwd:.2f}")  # fmt: skip
     print(f"float32 product ({x.numel()} x {model.cfg.d_model}) @ ({model.cfg.d_model} x {model.cfg.d_mlp}) "
-          f"(median of best of 3): {mm:.1f} GFLOP/s; prefixes / product {rate / mm:.2f}")  # fmt: skip
+          f"(median over tasks of machine_rates): {mm:.1f} GFLOP/s; prefixes / product {rate / mm:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

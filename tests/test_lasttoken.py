@@ -1,7 +1,6 @@
 """The packed last-token path equals the hooked model, and the trainer falls back where it cannot run."""
 
 import contextlib
-import re
 
 import pytest
 import torch
@@ -223,14 +222,14 @@ def test_unsupported_configs_are_named_and_fall_back(overrides, reason, bridge_r
             pytest.skip(f"no bridge reason written for {overrides}: a tiny bridge of this shape is new")
         reason = bridge_reason
     why = packed_blocker(model)
-    assert why is not None and re.search(reason, why), why
+    assert why is not None and reason in why, why
     if not is_bridge(model):  # HookedTransformer's structural check and packer name it too
-        assert re.search(reason, unsupported(model))
+        assert reason in unsupported(model)
         with pytest.raises(ValueError, match=reason):
             pack_hooked(model)
     t = torch.randn(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
     tr = AlphaTrainer(model, t)
-    assert tr.backend().name != "packed" and re.search(reason, tr.backend().reason)  # the reference backend
+    assert tr.backend().name != "packed" and reason in tr.backend().reason  # the reference backend
     with pytest.raises(ValueError, match=reason):
         backend_for(model, "packed")
     ex = _examples(model)
