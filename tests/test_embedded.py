@@ -14,12 +14,24 @@ def test_smollm2_shape_and_hf_parity(smollm):
     assert smollm.to_string(smollm(ids)[0, -1].argmax()) == " slow"
 
 
-def test_weight_cache_loads_identical_model(smollm, tmp_path):
+def test_weight_cache_loads_identical_model(smollm, tmp_path, monkeypatch):
+    import gguf
+
     from site_lens.models import PROCESSING_FLAGS, load_model, model_identity
     from site_lens.tokens import encode
 
+    reads = []
+    make = gguf.GGUFReader
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
     a = load_model("smollm2-135m", cache_dir=tmp_path)  # cold: dequantises, writes the cache
+    assert len(reads) == 1, reads  # the header parsed once for config, tokenizer and weights (transformers: 3)
     b = load_model("smollm2-135m", cache_dir=tmp_path)  # warm: reads the cache
+    assert len(reads) == 1
     texts = ["Q: go\nA:", "a", "east ->"]
     assert encode(a, texts) == encode(b, texts) == encode(smollm, texts)  # each its own tokenizer
     assert encode(a, ["a"])[0][0] == a.tokenizer.bos_token_id  # BOS first, as the bridge tokenises too

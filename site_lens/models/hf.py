@@ -50,7 +50,7 @@ from ..adapter import Adapter, AdapterError
 from ..files import plain_modes
 from ..gate import AlphaGate, Injection
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
-from .convert import PROCESSING_FLAGS, hf_architecture, join_gguf
+from .convert import PROCESSING_FLAGS, hf_architecture, hf_from_gguf, join_gguf
 from .identity import hf_name, hf_weights_digest, output_projections, record_source, source_of
 
 __all__ = ["encode", "generate", "hf_identity", "inject", "load_hf_model", "output_projections", "stop_ids"]
@@ -129,8 +129,7 @@ def load_hf_model(
         if not _cached_hf(entry, digest):
             gguf = join_gguf(parts, cache / f"{name}-{digest[:16]}.gguf")
             log.info("dequantising %s for transformers (first load; later loads use the cache)", gguf.name)
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            fresh = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            fresh, tok = hf_from_gguf(gguf)
             saved = _save_hf(entry, fresh, tok, digest)
             del fresh
         else:
@@ -139,9 +138,7 @@ def load_hf_model(
             model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
             tok = AutoTokenizer.from_pretrained(str(entry))
         else:  # no cache: dequantise again, straight onto the asked dtype and devices
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=dtype, device_map=device_map, **kwargs
-            )
+            model, tok = hf_from_gguf(gguf, dtype, device_map=device_map, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device_map, **kwargs)
         tok = AutoTokenizer.from_pretrained(name)
