@@ -11,9 +11,12 @@ or an output folder from the group and others that the user's umask lets read it
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +109,37 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON atomically (temp file + fsync + rename): never half-written."""
     write_text_atomic(path, json.dumps(obj, indent=1))
+
+
+def replace_dir(tmp: Path, entry: Path, keep: Callable[[Path], bool]) -> bool:
+    """Put the finished folder ``tmp`` in place as ``entry``, never deleting a folder that may be read meanwhile.
+
+    True when ``tmp`` became ``entry``. Where ``entry`` exists and ``keep(entry)`` (another process
+    finished the same entry first), ``tmp`` is removed and False returned. An entry that is not
+    kept (stale, damaged) is renamed aside, ``tmp`` renamed in, and the old folder removed after:
+    a reader that opened the old entry's files keeps them, one opening by name meets a whole folder.
+    """
+    for _ in range(8):  # each retry means another writer moved the entry in between
+        try:
+            os.replace(tmp, entry)  # no entry (or an empty folder)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if keep(entry):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        aside = temp_beside(entry, ".old")
+        try:
+            os.replace(entry, aside)
+        except FileNotFoundError:
+            continue
+        try:
+            os.replace(tmp, entry)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    raise OSError(errno.EBUSY, f"{entry} kept changing while this process tried to write it")

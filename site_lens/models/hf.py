@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from ..adapter import Adapter, AdapterError
-from ..files import plain_modes
+from ..files import plain_modes, replace_dir
 from ..gate import AlphaGate, Injection
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, hf_architecture, hf_from_gguf, join_gguf
@@ -86,13 +86,8 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(str(tmp))
         (tmp / "site_lens.json").write_text(json.dumps({"version": HF_CACHE_VERSION, "source_sha256": digest}))
-        if _cached_hf(entry, digest):  # another process finished the same entry first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-            return True
         plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
-        if entry.exists():
-            shutil.rmtree(entry)
-        os.replace(tmp, entry)
+        replace_dir(tmp, entry, keep=lambda e: _cached_hf(e, digest))  # another process's finished entry is kept
         return True
     except OSError as e:
         log.warning("could not write the HF model cache at %s: %s", entry, e)
@@ -138,7 +133,7 @@ def load_hf_model(
             model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
             tok = AutoTokenizer.from_pretrained(str(entry))
         else:  # no cache: dequantise again, straight onto the asked dtype and devices
-            model, tok = hf_from_gguf(gguf, dtype, device_map=device_map, **kwargs)
+            model, _ = hf_from_gguf(gguf, dtype, device_map=device_map, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device_map, **kwargs)
         tok = AutoTokenizer.from_pretrained(name)

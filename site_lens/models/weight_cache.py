@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..files import plain_modes
+from ..files import plain_modes, replace_dir
 from ..types import Model
 from .convert import finalize, new_hooked
 
@@ -88,9 +87,9 @@ def save(entry: Path, model: Model, digest: str) -> None:
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
-        if entry.exists():
-            shutil.rmtree(entry)
-        os.replace(tmp, entry)
+        # what is there was not loaded (absent, stale or damaged: save follows a failed load), so it is replaced;
+        # renamed aside first, so a process reading it meanwhile never meets a half-deleted folder
+        replace_dir(tmp, entry, keep=lambda e: False)
     except OSError as e:  # a read-only cache must not stop the user
         log.warning("could not write the weight cache at %s: %s", entry, e)
         if tmp is not None:
