@@ -29,7 +29,8 @@ def test_weight_cache_loads_identical_model(smollm, tmp_path, monkeypatch):
 
     monkeypatch.setattr(gguf, "GGUFReader", counted)
     a = load_model("smollm2-135m", cache_dir=tmp_path)  # cold: dequantises, writes the cache
-    assert len(reads) == 1, reads  # the header parsed once for config, tokenizer and weights (transformers: 3)
+    assert len(reads) == 1, reads  # one header reader for config, tokenizer and weights (transformers: 3)
+    assert gguf.GGUFReader is counted  # put back after the load
     b = load_model("smollm2-135m", cache_dir=tmp_path)  # warm: reads the cache
     assert len(reads) == 1
     texts = ["Q: go\nA:", "a", "east ->"]

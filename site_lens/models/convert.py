@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,34 +241,40 @@ def tokenizer_with_bos(tokenizer: Any) -> Any:
     return with_bos
 
 
+_GGUF_READ_ONCE = threading.Lock()
+
+
 @contextlib.contextmanager
 def _gguf_read_once() -> Iterator[None]:
-    """Within the block, each GGUF file's header is parsed once.
+    """Within the block, one ``gguf.GGUFReader`` per file serves every load.
 
-    transformers parses the whole header (every vocabulary entry, one numpy view each) for the
-    config, again for the tokenizer and again for the weights: 13 s each for Gemma 3's 262k-token
-    vocabulary on one core. The reader is read-only (a memory map), so one per file serves all three.
+    transformers builds a reader, which parses every field of the header (one numpy view per
+    vocabulary entry), for the config, again for the tokenizer and again for the weights: 13 s each
+    for Gemma 3's 262k-token vocabulary on one core. The reader is read-only (a memory map), so one
+    per file serves all three. ``gguf.GGUFReader`` is replaced while the block runs, so the blocks
+    take turns (a lock); a reader built by another thread meanwhile is shared the same way.
     """
     import gguf as gguf_lib
 
-    make = gguf_lib.GGUFReader
-    readers: dict[tuple[str, str], Any] = {}
+    with _GGUF_READ_ONCE:
+        make = gguf_lib.GGUFReader
+        readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path, mode: str = "r"):
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = make(path, mode)
-        return readers[key]
+        def reader(path, mode: str = "r"):
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = make(path, mode)
+            return readers[key]
 
-    gguf_lib.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf_lib.GGUFReader = make
+        gguf_lib.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf_lib.GGUFReader = make
 
 
 def hf_from_gguf(gguf: Path, dtype: torch.dtype = torch.float32, **kwargs: Any) -> tuple[Any, Any]:
-    """(model, tokenizer) from ``transformers``, dequantised from a GGUF file whose header is read once.
+    """(model, tokenizer) from ``transformers``, dequantised from a GGUF file with one header reader per file.
 
     ``kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``device_map``, ...).
     """
