@@ -1,9 +1,10 @@
 """A first load's dequantisation: transformers reading the GGUF file as it does, against ``hf_from_gguf``.
 
-transformers parses the GGUF header (metadata, vocabulary included) once for the config, once for the tokenizer
-and once for the weights; ``site_lens.models.convert.hf_from_gguf`` has it parsed once per file. For each embedded
-model, the two ways are timed in turn, ``--reps`` times (interleaved, so the machine's drift falls on both), from
-the joined GGUF file to a float32 ``transformers`` model and tokenizer; the header parses of each are counted.
+transformers builds a ``gguf.GGUFReader``, which parses every header field (the vocabulary included), for the
+config, again for the tokenizer and again for the weights; ``site_lens.models.convert.hf_from_gguf`` has one
+reader per file serve all three. For each embedded model, the two ways are timed in turn, ``--reps`` times,
+interleaved and in alternating order (so the machine's drift and a first run's warm-up fall on both), from the
+joined GGUF file to a float32 ``transformers`` model and tokenizer; the readers each way builds are counted.
 Medians, and their ratio. The weight cache is not involved: this is what the first load of a model costs before
 it writes the cache.
 
@@ -33,7 +34,7 @@ def _counted(path, *args, **kwargs):
     return _MAKE(path, *args, **kwargs)
 
 
-gguf.GGUFReader = _counted  # count every header parse, by either way
+gguf.GGUFReader = _counted  # count every reader built, by either way
 
 
 def as_transformers_reads(path: Path):
@@ -58,8 +59,9 @@ def main() -> None:
             path = join_gguf(EMBEDDED_MODELS[name].gguf_parts(), Path(tmp) / f"{name}.gguf")
             times: dict[str, list[float]] = {w: [] for w in WAYS}
             reads: dict[str, int] = {}
-            for _ in range(args.reps):
-                for way, load in WAYS.items():
+            for rep in range(args.reps):
+                for way in list(WAYS)[:: 1 if rep % 2 == 0 else -1]:
+                    load = WAYS[way]
                     READS.clear()
                     t0 = time.perf_counter()
                     model, tok = load(path)
@@ -69,7 +71,7 @@ def main() -> None:
             med = {w: statistics.median(t) for w, t in times.items()}
             for way in WAYS:
                 runs = " ".join(f"{t:.1f}" for t in times[way])
-                print(f"{name:<14} {way:<13} header parses {reads[way]}  median {med[way]:6.1f} s  ({runs})")
+                print(f"{name:<14} {way:<13} readers built {reads[way]}  median {med[way]:6.1f} s  ({runs})")
             print(f"{name:<14} ratio transformers / hf_from_gguf: {med['transformers'] / med['hf_from_gguf']:.2f}")
 
 
