@@ -39,7 +39,7 @@ $(STAMP_TL4): requirements-tl4.lock pyproject.toml
 
 # make test: the suites of the two TransformerLens lines side by side, half the cores each (one each on two cores:
 # much of a test is one thread's Python, so the two at once finish well before one after the other would),
-# then the notebooks and the docs as the first slots free. Output is live, each line led by its job's name
+# then the notebooks and the docs as the first slots free. Output is live (python -u), each line led by its job's name
 # (awk flushes every line; BSD sed has no -u).
 label = awk '{ print "[$(1)] " $$0; fflush() }'
 HALF_CORES := $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2); echo $$(( n > 1 ? n / 2 : 1 )))
@@ -48,15 +48,15 @@ test: venv venv-tl4
 	OMP_NUM_THREADS=$(HALF_CORES) $(MAKE) --no-print-directory -j2 --keep-going test-tl3 test-tl4 test-notebooks docs
 
 test-tl3: venv
-	set -o pipefail; HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider \
+	set -o pipefail; HF_HUB_OFFLINE=1 $(PY) -u -m pytest -q -p no:cacheprovider \
 	  --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS) 2>&1 | $(call label,tl3.9)
 
 test-notebooks: venv
-	set -o pipefail; HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -m pytest -q -p no:cacheprovider --nbmake \
+	set -o pipefail; HF_HUB_OFFLINE=1 SITE_LENS_NB_SMALL=1 $(PY) -u -m pytest -q -p no:cacheprovider --nbmake \
 	  --nbmake-timeout=900 notebooks 2>&1 | $(call label,notebooks)
 
 test-tl4: venv-tl4
-	set -o pipefail; HF_HUB_OFFLINE=1 $(PY_TL4) -m pytest -q -p no:cacheprovider \
+	set -o pipefail; HF_HUB_OFFLINE=1 $(PY_TL4) -u -m pytest -q -p no:cacheprovider \
 	  --jaxtyping-packages=site_lens,beartype.beartype $(PYTEST_FLAGS) $(TL4_TESTS) 2>&1 | $(call label,tl4.3)
 
 # The reference site (mkdocs.yml) into site/: strict (a warning fails it) and offline; the notebooks are not run.
