@@ -112,13 +112,19 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 def replace_dir(tmp: Path, entry: Path, keep: Callable[[Path], bool]) -> bool:
-    """Put the finished folder ``tmp`` in place as ``entry``, never deleting a folder that may be read meanwhile.
+    """Put the finished folder ``tmp`` in place as ``entry``, never deleting a folder where it stands.
 
     True when ``tmp`` became ``entry``. Where ``entry`` exists and ``keep(entry)`` (another process
     finished the same entry first), ``tmp`` is removed and False returned. An entry that is not
     kept (stale, damaged) is renamed aside, ``tmp`` renamed in, and the old folder removed after:
-    a reader that opened the old entry's files keeps them, one opening by name meets a whole folder.
+    a reader that opened the old entry's files keeps them; one opening by name in that instant finds
+    no entry (a cache miss), never a half-deleted one. Aside folders a killed writer left are swept.
     """
+    from .locks import temp_is_orphan
+
+    for old in entry.parent.glob(f".{entry.name}.*old.tmp"):
+        if temp_is_orphan(old):
+            shutil.rmtree(old, ignore_errors=True)
     for _ in range(8):  # each retry means another writer moved the entry in between
         try:
             os.replace(tmp, entry)  # no entry (or an empty folder)
@@ -129,7 +135,7 @@ def replace_dir(tmp: Path, entry: Path, keep: Callable[[Path], bool]) -> bool:
         if keep(entry):
             shutil.rmtree(tmp, ignore_errors=True)
             return False
-        aside = temp_beside(entry, ".old")
+        aside = temp_beside(entry, "old")
         try:
             os.replace(entry, aside)
         except FileNotFoundError:

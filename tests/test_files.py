@@ -1,5 +1,6 @@
 """Folders put in place whole: ``files.replace_dir``, as the weight cache and the transformers cache use it."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_a_kept_entry_stays_and_the_new_folder_goes(tmp_path):
 
 
 def test_an_old_entry_is_moved_aside_never_deleted_where_it_stands(tmp_path, monkeypatch):
-    """A reader of ``entry`` meets the old folder whole or the new one whole: the old is renamed away first."""
+    """A reader of ``entry`` meets the old folder whole, the new one whole or none: the old is renamed away first."""
     entry = _folder(tmp_path / "entry", "stale")
     tmp = _folder(tmp_path / ".tmp", "fresh")
     removed = []
@@ -49,22 +50,57 @@ def test_an_old_entry_is_moved_aside_never_deleted_where_it_stands(tmp_path, mon
         return rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(shutil, "rmtree", recorded)
-    with (entry / "weights").open() as held:  # opened before the swap
-        assert files.replace_dir(tmp, entry, keep=lambda e: False)
-        assert held.read() == "stale"
+    assert files.replace_dir(tmp, entry, keep=lambda e: False)
     assert _texts(entry) == {"weights": "fresh", "sub/meta": "fresh"}
     assert len(removed) == 1 and removed[0] != entry and removed[0].parent == tmp_path  # the old one, renamed aside
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
 
 
-def test_an_entry_finished_by_another_writer_meanwhile_is_kept(tmp_path):
-    """The replace fails on a folder another process put in place since; ``keep`` is asked then, not before."""
+def _publish_before(monkeypatch, call: int, act):
+    """Run ``act`` just before the ``call``-th ``os.replace`` (from 1): another writer acting in between."""
+    replace = os.replace
+    calls = []
+
+    def racing(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == call:
+            act()
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", racing)
+    return calls
+
+
+def test_an_entry_another_writer_publishes_meanwhile_is_kept(tmp_path, monkeypatch):
+    """No entry when the call starts; one appears before the rename: the rename fails, then ``keep`` is asked."""
     entry = tmp_path / "entry"
     tmp = _folder(tmp_path / ".tmp", "mine")
-    _folder(entry, "theirs")  # published after this writer checked, before it renames
+    calls = _publish_before(monkeypatch, 1, lambda: _folder(entry, "theirs"))
     assert not files.replace_dir(tmp, entry, keep=lambda e: (e / "weights").read_text() == "theirs")
     assert _texts(entry)["weights"] == "theirs"
-    assert not tmp.exists()
+    assert not tmp.exists() and len(calls) == 1
+
+
+def test_an_entry_another_writer_removes_meanwhile_is_retried(tmp_path, monkeypatch):
+    """The stale entry vanishes before it can be moved aside: the next round renames ``tmp`` straight in."""
+    entry = _folder(tmp_path / "entry", "stale")
+    tmp = _folder(tmp_path / ".tmp", "fresh")
+    calls = _publish_before(monkeypatch, 2, lambda: shutil.rmtree(entry))
+    assert files.replace_dir(tmp, entry, keep=lambda e: False)
+    assert _texts(entry)["weights"] == "fresh"
+    assert [c[1] for c in calls] == ["entry", calls[1][1], "entry"] and calls[1][0] == "entry"  # aside failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+
+
+def test_an_aside_folder_a_killed_writer_left_is_swept(tmp_path):
+    from site_lens.locks import temp_beside
+
+    entry = _folder(tmp_path / "entry", "old")
+    dead = tmp_path / temp_beside(entry, "old").name.replace(f".{os.getpid()}.", ".999999999.")
+    _folder(dead, "left behind")
+    mine = _folder(tmp_path / temp_beside(entry, "old").name, "a live writer's")  # this process: alive, kept
+    assert files.replace_dir(_folder(tmp_path / ".tmp", "new"), entry, keep=lambda e: False)
+    assert not dead.exists() and mine.exists()
 
 
 def test_other_errors_are_raised_and_leave_the_entry(tmp_path):

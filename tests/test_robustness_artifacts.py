@@ -313,6 +313,23 @@ def test_cache_fingerprint_records_size_and_header(cache_entry):
     assert meta["weights"] == {"bytes": len(data), "header_sha256": hashlib.sha256(data[8 : 8 + n]).hexdigest()}
 
 
+def test_an_entry_written_meanwhile_is_kept_an_older_one_replaced(model, cache_entry):
+    """Two processes building one model: the second keeps the first's entry; one from before its own look is stale."""
+    import time
+
+    meta = cache_entry / weight_cache.META_FILE
+    written = meta.stat().st_mtime
+    inode = meta.stat().st_ino
+    weight_cache.save(cache_entry, model, "f" * 64, since=written - 60)  # the entry appeared after this one looked
+    assert meta.stat().st_ino == inode  # theirs, untouched
+    weight_cache.save(cache_entry, model, "e" * 64, since=written - 60)  # another source's entry: replaced
+    assert json.loads(meta.read_text())["source_sha256"] == "e" * 64
+    inode = meta.stat().st_ino
+    weight_cache.save(cache_entry, model, "e" * 64, since=time.time() + 60)  # older than the look: replaced
+    assert meta.stat().st_ino != inode
+    assert sorted(p.name for p in cache_entry.parent.iterdir()) == [cache_entry.name]  # no temp or aside left
+
+
 def test_unwritable_cache_does_not_stop_loading(model, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("x")

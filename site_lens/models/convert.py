@@ -241,7 +241,7 @@ def tokenizer_with_bos(tokenizer: Any) -> Any:
     return with_bos
 
 
-_GGUF_READ_ONCE = threading.Lock()
+_GGUF_READ_ONCE = threading.RLock()
 
 
 @contextlib.contextmanager

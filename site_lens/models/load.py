@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -53,13 +54,14 @@ def _load_embedded(
     digest = cached.source_digest(parts)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = cached.entry_path(cache_dir, spec.name, digest)
+    looked = time.time()
     model = cached.load(entry, digest, device, dtype) if use_cache else None
     if model is None:
         gguf = join_gguf(parts, cache_dir / f"{spec.name}-{digest[:16]}.gguf")
         log.info("dequantising %s (first load; later loads use the cache)", gguf.name)
         model = hooked_from_gguf(gguf)  # CPU, float32: what the cache holds
         if use_cache:
-            cached.save(entry, model, digest)
+            cached.save(entry, model, digest, since=looked)  # another process's entry from meanwhile is kept
         if device != "cpu" or dtype != torch.float32:
             model = finalize(model, device, dtype)
     return register(model, spec.name, source=digest, processing=PROCESSING_FLAGS)

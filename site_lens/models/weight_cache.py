@@ -68,8 +68,13 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
-def save(entry: Path, model: Model, digest: str) -> None:
-    """Write ``model`` as the entry for the source ``digest``, atomically; a failure only warns."""
+def save(entry: Path, model: Model, digest: str, since: float | None = None) -> None:
+    """Write ``model`` as the entry for the source ``digest``, atomically; a failure only warns.
+
+    ``since``: when the caller found no usable entry (``time.time()``). An entry for ``digest`` whose
+    metadata was written after that, by another process building the same model, is kept; anything
+    else there (stale, damaged) is replaced.
+    """
     from safetensors.torch import save_file
 
     tmp = None
@@ -87,13 +92,26 @@ def save(entry: Path, model: Model, digest: str) -> None:
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
-        # what is there was not loaded (absent, stale or damaged: save follows a failed load), so it is replaced;
-        # renamed aside first, so a process reading it meanwhile never meets a half-deleted folder
-        replace_dir(tmp, entry, keep=lambda e: False)
+        replace_dir(tmp, entry, keep=lambda e: since is not None and _written_since(e, digest, since))
     except OSError as e:  # a read-only cache must not stop the user
         log.warning("could not write the weight cache at %s: %s", entry, e)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _written_since(entry: Path, digest: str, since: float) -> bool:
+    """Whether ``entry`` is a whole entry for ``digest`` whose metadata was written at or after ``since``."""
+    try:
+        meta_path = entry / META_FILE
+        meta = json.loads(meta_path.read_text())
+        return (
+            meta_path.stat().st_mtime >= since
+            and meta.get("source_sha256") == digest
+            and meta.get("cache_version") == CACHE_VERSION
+            and meta.get("weights") == fingerprint(entry / WEIGHTS_FILE)
+        )
+    except (OSError, ValueError):
+        return False
 
 
 def load(entry: Path, digest: str, device: str, dtype: torch.dtype) -> Model | None:
