@@ -42,7 +42,9 @@ $(STAMP_TL4): requirements-tl4.lock pyproject.toml
 # then the notebooks and the docs as the first slots free. Output is live (python -u), each line led by its job's name
 # (awk flushes every line; BSD sed has no -u).
 label = awk '{ print "[$(1)] " $$0; fflush() }'
-HALF_CORES := $(shell n=$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2); echo $$(( n > 1 ? n / 2 : 1 )))
+# the cores this process may use (nproc: CPU affinity; without OMP_NUM_THREADS, which GNU nproc also reads)
+HALF_CORES := $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2); \
+  echo $$(( n > 1 ? n / 2 : 1 )))
 
 test: venv venv-tl4
 	OMP_NUM_THREADS=$(HALF_CORES) $(MAKE) --no-print-directory -j2 --keep-going test-tl3 test-tl4 test-notebooks docs

@@ -20,4 +20,4 @@ for way in sequential parallel; do
   echo "$way: exit $rc, $(( $(date +%s) - t0 )) s; $(grep -E ' (passed|failed)' "$out/$way.log" | sed 's/^\[[^]]*\] //' | tr '\n' ';')"
 done
 kill "$sampler"
-echo "peak used memory over both ways: $(awk '{print $2}' "$out/used_mb.log" | sort -n | tail -1) MB"
+echo "peak used memory over both ways (free -m): $(awk '{print $2}' "$out/used_mb.log" | sort -n | tail -1) MiB"
