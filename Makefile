@@ -40,8 +40,8 @@ $(STAMP_TL4): requirements-tl4.lock pyproject.toml
 # make test: the suites of the two TransformerLens lines side by side, half the cores each (one each on two cores:
 # much of a test is one thread's Python, so the two at once finish well before one after the other would),
 # then the notebooks and the docs as the first slots free. Output is live (python -u), each line led by its job's name
-# (awk flushes every line; BSD sed has no -u).
-label = awk '{ print "[$(1)] " $$0; fflush() }'
+# (a shell read loop: mawk holds its input back in blocks, BSD sed has no -u).
+label = while IFS= read -r l || [ -n "$$l" ]; do printf '[$(1)] %s\n' "$$l"; done
 # the cores this process may use (nproc: CPU affinity; without OMP_NUM_THREADS, which GNU nproc also reads)
 HALF_CORES := $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2); \
   echo $$(( n > 1 ? n / 2 : 1 )))
