@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .locks import temp_beside
+from .locks import temp_beside, temp_is_orphan
 
 
 def umask() -> int:
@@ -120,8 +120,6 @@ def replace_dir(tmp: Path, entry: Path, keep: Callable[[Path], bool]) -> bool:
     a reader that opened the old entry's files keeps them; one opening by name in that instant finds
     no entry (a cache miss), never a half-deleted one. Aside folders a killed writer left are swept.
     """
-    from .locks import temp_is_orphan
-
     for old in entry.parent.glob(f".{entry.name}.*old.tmp"):
         if temp_is_orphan(old):
             shutil.rmtree(old, ignore_errors=True)
