@@ -18,6 +18,19 @@ def needs_hooked(reason: str):
     return pytest.mark.skipif(HOOKED is None, reason=f"needs HookedTransformer (TransformerLens 3.x): {reason}")
 
 
+def engines_here() -> list[str]:
+    """The model engines this TransformerLens has, for tests whose subject is each engine's behaviour: both on
+    3.x, the bridge alone on 4.x (which removed HookedTransformer)."""
+    from site_lens.models.engines import HOOKED
+
+    return ["hooked", "bridge"] if HOOKED is not None else ["bridge"]
+
+
+def tiny_on(engine: str, **overrides):
+    """``tiny(**overrides)`` on the named engine: HookedTransformer's tiny model, or its bridge counterpart."""
+    return tiny_bridge_like(**overrides) if engine == "bridge" else tiny(**overrides)
+
+
 def char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character (printable ASCII + a pad), built offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -51,7 +64,7 @@ def tiny(**overrides):
 HF_FIELDS = {**TINY_HF_FIELDS, "d_vocab": "vocab_size", "initializer_range": "initializer_range"}
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "Qwen2ForCausalLM": "qwen2"}
 ARCHITECTURES |= {"MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3", "GPTNeoXForCausalLM": "gpt_neox"}
-ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm"}
+ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm", "GPT2LMHeadModel": "gpt2"}
 # partial or adjacent-pair rotary: a Llama-like block whose transformers model has it (GLM: adjacent pairs)
 ROTARY = {False: "Phi3ForCausalLM", True: "GlmForCausalLM"}
 # values that are what the bridge's Llama-like and Gemma-3-like blocks are anyway
@@ -85,6 +98,11 @@ def tiny_bridge_like(**overrides):
 
     o = dict(overrides)
     dtype, seed = o.pop("dtype", torch.float32), o.pop("seed", 0)
+    if o.get("positional_embedding_type") == "standard":  # learned positions: GPT-2's (LayerNorm, a plain MLP)
+        o.pop("positional_embedding_type"), o.pop("final_rms", None)
+        if o.pop("gated_mlp", False) or o.setdefault("normalization_type", "LN") != "LN":
+            pytest.skip("the tiny TransformerBridge with learned positions is GPT-2 (LayerNorm, a plain MLP)")
+        o.setdefault("original_architecture", "GPT2LMHeadModel")
     if o.get("normalization_type") == "LN":  # a LayerNorm model: GPT-NeoX's (off the packed engine's list)
         o.pop("normalization_type"), o.pop("final_rms", None)
         o.setdefault("original_architecture", "GPTNeoXForCausalLM")
@@ -130,8 +148,10 @@ def tiny_bridge_like(**overrides):
         hf["final_logit_softcapping"] = o.pop("output_logits_soft_cap")
     if o:
         pytest.skip(f"the tiny TransformerBridge does not map {', '.join(sorted(o))}")
-    if arch == "gpt_neox":  # one key/value head per head, d_model / n_heads wide
+    if arch in ("gpt_neox", "gpt2"):  # one key/value head per head, d_model / n_heads wide
         hf.pop("num_key_value_heads", None), hf.pop("head_dim", None)
+        if arch == "gpt2":  # GPT-2's MLP is n_inner wide and its blocks always carry biases
+            hf["n_inner"] = hf.pop("intermediate_size", 64)
     elif arch != "phi3":  # zero attention biases, as HookedTransformer has (b_Q, b_K, b_V, b_O); Phi-3 has none
         hf.setdefault("attention_bias", True)
     tok = char_tokenizer()

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 import torch
-from helpers import char_tokenizer, needs_hooked, tiny
+from helpers import char_tokenizer, engines_here, needs_hooked, tiny
 
 from site_lens.analysis.attribution import (
     answer_logit,
@@ -108,10 +108,32 @@ def test_the_estimate_is_t_minus_z_dot_the_gradient(tiny64):
     assert torch.allclose(got, by_hand, rtol=1e-9, atol=1e-12), (got - by_hand).abs().max()
 
 
-def test_exact_where_the_metric_is_linear_in_z():
-    """One attention-only layer and no final norm: the answer's logit is linear in each head's last-token z."""
-    model = tiny(n_layers=1, attn_only=True, normalization_type=None, dtype=torch.float64)
-    use_backend(model, "hooked")  # the packed path's checks expect a final norm
+def _linear_in_z(kind: str):
+    """One layer whose answer logit is linear in each head's last-token z: HookedTransformer's attention-only
+    block without norms, or a bridge of a one-layer Llama whose MLP writes zero and whose final norm's scale is
+    pinned to one (a permanent hook; a hooked model runs on the reference backend)."""
+    if kind == "hooked":
+        model = tiny(n_layers=1, attn_only=True, normalization_type=None, dtype=torch.float64)
+        use_backend(model, "hooked")  # the packed path's checks expect a final norm
+        return model
+    tok = char_tokenizer()
+    hf = tiny_hf("llama", tok, num_hidden_layers=1, initializer_range=0.8 / 32**0.5).to(torch.float64)
+    with torch.no_grad():
+        hf.model.layers[0].mlp.down_proj.weight.zero_()
+    model = bridge_from_hf(hf, tok, dtype=torch.float64)
+    ex = make_examples(model, PAIRS)
+    t = build_task_embedding(model, FEW_SHOT)
+    gap = attribution_scores(model, ex, t, metric=answer_logit) - exact_head_effects(model, ex, t, metric=answer_logit)
+    assert gap.abs().max() > 1e-6  # the final RMSNorm alone makes the logit non-linear in z
+    model.ln_final.hook_scale.add_hook(lambda scale, hook: torch.ones_like(scale), is_permanent=True)
+    return model
+
+
+@pytest.mark.filterwarnings("ignore:A forward hook edited hook_scale")  # TransformerLens 4 notes the pinned scale
+@pytest.mark.parametrize("kind", engines_here())
+def test_exact_where_the_metric_is_linear_in_z(kind):
+    """The answer's logit linear in each head's last-token z: the estimate is the measured effect."""
+    model = _linear_in_z(kind)
     ex = make_examples(model, PAIRS)
     t = build_task_embedding(model, FEW_SHOT)
     est = attribution_scores(model, ex, t, metric=answer_logit)

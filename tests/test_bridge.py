@@ -276,8 +276,7 @@ def test_a_split_device_map_and_a_float64_layer(tmp_path):
 
 @needs_hooked
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_option_scores_equal_across_engines_and_bridge_paths(arch):
-    from site_lens.engine.bridge_backend import BridgeBackend
+def test_option_scores_equal_across_engines(arch):
     from site_lens.gate import injection_hooks
     from site_lens.models.convert import hooked_from_hf
     from site_lens.stages.options import option_logprobs
@@ -295,6 +294,19 @@ def test_option_scores_equal_across_engines_and_bridge_paths(arch):
     ]
     for a, b in zip(*scores):
         assert a == pytest.approx(b, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_tokens_after_a_prefix_under_injection_equal_on_both_bridge_paths(arch):
+    """The tokens an option adds after a cached prefix, gated at the first: the KV-cache path and the re-run
+    path of the bridge give the same logits."""
+    from site_lens.engine.bridge_backend import BridgeBackend
+    from site_lens.gate import injection_hooks
+
+    bridge = bridge_from_hf(tiny_hf(arch, char_tokenizer()), char_tokenizer())
+    c = bridge.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head)
+    alpha = torch.rand(c.n_layers, c.n_heads)
     prefix = torch.tensor([encode(bridge, ["Q: hot\nA"])[0]])
     toks = torch.tensor([[5, 6, 7]])
     hooks = injection_hooks(bridge, t, alpha, 0)
@@ -302,6 +314,7 @@ def test_option_scores_equal_across_engines_and_bridge_paths(arch):
     got = cached.run(toks, cached.prefix(prefix), hooks)
     want = rerun.run(toks, rerun.prefix(prefix), hooks)
     assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, cached.run(toks, cached.prefix(prefix), []), atol=1e-3)  # the gate acted
 
 
 def test_rerun_path_counts_negative_positions_from_the_new_tokens():

@@ -162,11 +162,22 @@ def test_load_model_registers_its_flags(monkeypatch):
     assert model_identity(model, {"fold_value_biases": True})["processing"]["fold_ln"] is True
 
 
-@hooked
 def test_identity_is_not_stored_on_the_model():
-    before = set(vars(new_hooked(build_cfg())))
-    model = tiny_model()
-    model_identity(model)
+    """Either engine: the registry holds a model's identity beside it, and its entry goes with the model."""
+    from helpers import char_tokenizer, tiny
+
+    from site_lens.models.bridge import bridge_from_hf
+    from site_lens.models.engines import is_bridge
+    from site_lens.models.tiny import tiny_hf
+
+    model = tiny()  # registered
+    unregistered = (
+        bridge_from_hf(tiny_hf("llama", char_tokenizer()), char_tokenizer())
+        if is_bridge(model)
+        else new_hooked(build_cfg())
+    )
+    before = set(vars(unregistered))
+    assert model_identity(model)["name"]
     assert set(vars(model)) == before
     from site_lens.models import identity
 

@@ -2,7 +2,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import needs_hooked
+from helpers import engines_here, needs_hooked
 
 from site_lens.engine.backend import last_logits
 from site_lens.gate import gate_hook, injection_hooks, z_names
@@ -120,20 +120,17 @@ def _float32_and_float64_twins(engine: str) -> dict:
     from helpers import char_tokenizer, tiny
 
     from site_lens.models.bridge import bridge_from_hf
-    from site_lens.models.engines import HOOKED
     from site_lens.models.tiny import tiny_hf
 
     if engine == "bridge":
         return {d: bridge_from_hf(tiny_hf("llama", char_tokenizer()).to(d), char_tokenizer()) for d in FLOATS}
-    if HOOKED is None:
-        pytest.skip("HookedTransformer is TransformerLens 3.x's")
     torch.manual_seed(0)
     models = {torch.float32: tiny(), torch.float64: tiny(dtype=torch.float64)}
     models[torch.float64].load_state_dict(models[torch.float32].state_dict())
     return models
 
 
-@pytest.mark.parametrize("engine", ["hooked", "bridge"])
+@pytest.mark.parametrize("engine", engines_here())
 def test_model_gradient_in_theta_equals_finite_differences(engine):
     """The loss SITE trains (cross-entropy of the last token's logits) through the packed and the reference
     backend: the autograd gradient of theta equals central differences of the float64 model, in float64 and,

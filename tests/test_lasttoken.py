@@ -4,7 +4,7 @@ import contextlib
 
 import pytest
 import torch
-from helpers import needs_hooked
+from helpers import engines_here, needs_hooked, tiny_on
 
 from site_lens.config import EngineConfig, SelectionConfig
 from site_lens.engine import kernels
@@ -151,13 +151,23 @@ def test_span_logits_share_one_prefix_row_across_spans():
         runner.span_logits(spans, runner.prefix(prefix.expand(2, -1)), alpha, t)
 
 
-@needs_hooked("its rotary tables end at n_ctx (a bridge, like transformers, runs past max_position_embeddings)")
-def test_span_past_the_context_is_refused(model):
+@pytest.mark.parametrize("engine", engines_here())
+def test_span_past_the_context(engine):
+    """HookedTransformer's rotary tables end at n_ctx, so a packed span past it is refused; a bridge, like
+    transformers, runs past max_position_embeddings, and the packed span equals its forward there."""
+    torch.manual_seed(0)
+    model = tiny_on(engine)
     runner = _packed(model)
     n_ctx = model.cfg.n_ctx
-    tokens = torch.randint(0, model.cfg.d_vocab, (1, n_ctx + 1))
-    with pytest.raises(ValueError, match="context"):
-        runner.span_logits(tokens[:, n_ctx - 1 :], runner.prefix(tokens[:, : n_ctx - 1]), None, None)
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, n_ctx + 2))
+    span, prefix = tokens[:, n_ctx - 1 :], runner.prefix(tokens[:, : n_ctx - 1])
+    if engine == "hooked":
+        with pytest.raises(ValueError, match="context"):
+            runner.span_logits(span, prefix, None, None)
+        return
+    got = runner.span_logits(span, prefix, None, None)[0]
+    want = model(tokens)[0, n_ctx - 1 :]  # the logits after each span token, at positions n_ctx - 1 to n_ctx + 1
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
 def test_probe_covers_spans(monkeypatch):
@@ -207,7 +217,8 @@ def test_fit_packed_equals_fit_hooked(model):
         # LayerNorm: HookedTransformer's tiny model (Llama-named) fails the structural check; the tiny bridge with
         # it is GPT-NeoX, off the bridge's packed list
         (dict(normalization_type="LN", final_rms=False), "normalization", "architecture GPTNeoXForCausalLM"),
-        (dict(positional_embedding_type="standard", rotary_dim=None), "rotary", None),
+        # learned positions: the tiny bridge with them is GPT-2, off the bridge's packed list
+        (dict(positional_embedding_type="standard", rotary_dim=None), "rotary", "architecture GPT2LMHeadModel"),
         (dict(gated_mlp=False), "gated", None),
         (dict(output_logits_soft_cap=30.0, use_qk_norm=True), "soft cap", "soft cap"),  # Gemma-like: both engines
     ],
