@@ -53,9 +53,11 @@ def _randomise_norms(model):
                 p.uniform_(0.5, 1.5)
 
 
-def _variant_model(variant):
-    """A tiny model of one VARIANTS shape, with its biases or norm gains made non-trivial where that matters."""
-    model = _tiny(**VARIANTS[variant])
+def _variant_model(variant, engine=None):
+    """A tiny model of one VARIANTS shape (on ``engine``, else ``tiny()``'s), with its biases or norm gains made
+    non-trivial where that matters."""
+    torch.manual_seed(0)
+    model = tiny_on(engine, **VARIANTS[variant]) if engine else _tiny(**VARIANTS[variant])
     if variant == "biases":
         _randomise_biases(model)
     if variant == "gemma3-like":
@@ -329,17 +331,38 @@ def test_packed_decode_logits_equal_the_models_forward(variant):
             runner.decode(nxt, state)
 
 
-@needs_hooked("decodes against TransformerLens's KV cache (a bridge decodes against its own)")
+@pytest.mark.parametrize("engine", engines_here())
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
-def test_packed_decode_logits_equal_hooked_cache(variant):
-    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-
+def test_decode_after_a_padded_prefill_equals_the_engines_own(variant, engine):
+    """Generation's prefill of right-padded rows, then decode steps: HookedTransformer's packed decode taking
+    over TransformerLens's KV cache equals that cache's own steps; a bridge's decoder on its transformers cache
+    equals each row's unpadded forward."""
     from site_lens.tokens import pad_right
 
-    model = _variant_model(variant)
-    runner = _packed(model)
+    model = _variant_model(variant, engine)
     prompts = [[5, 9, 17], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6, 7]]  # right-padded to 7
     tokens, mask, last = pad_right(prompts, 0)
+    if engine == "bridge":
+        from site_lens.engine.bridge_backend import BridgeBackend
+
+        rows = [list(p) for p in prompts]
+
+        def unpadded():  # each row's own forward, its last logits
+            return torch.stack([model(torch.tensor([r]))[0, -1] for r in rows])
+
+        with torch.no_grad():
+            got, decoder = BridgeBackend(model, cached=True).prefill(tokens, mask, last, [], 5)
+            assert torch.allclose(got, unpadded(), atol=1e-5)
+            for step in range(4):  # with window 4, the local layer's window starts to bite
+                nxt = torch.tensor([(13 * step + 7 * j) % 50 + 1 for j in range(len(prompts))])
+                for r, n in zip(rows, nxt.tolist()):
+                    r.append(n)
+                got, want = decoder.logits(nxt), unpadded()
+                assert torch.allclose(got, want, atol=1e-5), (step, (got - want).abs().max())
+        return
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    runner = _packed(model)
     cache = TransformerLensKeyValueCache.init_cache(model.cfg, "cpu", len(prompts))
     zero = torch.zeros(len(prompts), dtype=torch.long)
     with torch.no_grad():
