@@ -39,6 +39,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from ..gate import AlphaGate, Injection
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, hf_architecture, hf_from_gguf, join_gguf
 from .identity import hf_name, hf_weights_digest, output_projections, record_source, source_of
+from .weight_cache import fingerprint, source_digest
 
 __all__ = ["encode", "generate", "hf_identity", "inject", "load_hf_model", "output_projections", "stop_ids"]
 
@@ -63,16 +65,63 @@ HF_CACHE_VERSION = 1
 # ---------------------------------------------------------------- loading
 
 
-def _cached_hf(entry: Path, digest: str) -> bool:
+HF_META = "site_lens.json"  # version, source digest, the weights file's size and header hash
+HF_WEIGHTS = "model.safetensors"
+HF_NEEDED = ("config.json", "tokenizer_config.json")  # beside the weights: what from_pretrained reads first
+
+
+def _entry_problem(entry: Path, digest: str) -> str | None:
+    """Why the transformers cache entry cannot be used for the source ``digest`` (None: it can), as the weight
+    cache judges its own: metadata that matches, a weights file of the recorded size and header, its files there."""
     try:
-        meta = json.loads((entry / "site_lens.json").read_text())
+        meta = json.loads((entry / HF_META).read_text())
+    except FileNotFoundError:
+        return "absent"
     except (OSError, ValueError):
+        return f"{HF_META} is unreadable"
+    if meta.get("source_sha256") != digest or meta.get("version") != HF_CACHE_VERSION:
+        return "it does not match its source"
+    try:
+        if meta.get("weights") != fingerprint(entry / HF_WEIGHTS):
+            return f"{HF_WEIGHTS} is damaged or replaced"
+    except OSError:
+        return f"{HF_WEIGHTS} is missing"
+    missing = [f for f in HF_NEEDED if not (entry / f).is_file()]
+    return f"{', '.join(missing)} missing" if missing else None
+
+
+def _written_since(entry: Path, digest: str, since: float) -> bool:
+    """Whether ``entry`` is a usable entry for ``digest`` whose metadata was written at or after ``since``."""
+    try:
+        return _entry_problem(entry, digest) is None and (entry / HF_META).stat().st_mtime >= since
+    except OSError:
         return False
-    return meta.get("source_sha256") == digest and meta.get("version") == HF_CACHE_VERSION
 
 
-def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
-    """A transformers checkpoint folder in the cache, atomically; False (with a warning) if it cannot be written."""
+def _load_cached(entry: Path, digest: str, dtype: torch.dtype, device_map: Any, **kwargs: Any) -> tuple | None:
+    """(model, tokenizer) from the cache entry, or None when it is absent, stale or damaged (a warning unless
+    absent: the caller rebuilds it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    problem = _entry_problem(entry, digest)
+    if problem is not None:
+        if problem != "absent":
+            log.warning("transformers cache %s: %s; rebuilding", entry, problem)
+        return None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
+        return model, AutoTokenizer.from_pretrained(str(entry))
+    except Exception as e:  # e.g. a config or tokenizer file damaged since: rebuild rather than fail
+        log.warning("transformers cache %s unreadable (%s); rebuilding", entry, str(e).splitlines()[0] if str(e) else e)
+        return None
+
+
+def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str, since: float | None = None) -> bool:
+    """A transformers checkpoint folder in the cache, atomically; False (with a warning) if it cannot be written.
+
+    ``since``: when the caller found no usable entry (``time.time()``). A usable entry for ``digest`` written
+    after that, by another process building the same model, is kept; anything else there is replaced.
+    """
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -83,11 +132,12 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str) -> bool:
         cfg = model.config.to_dict()
         cfg.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_model(model, str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "site_lens.json").write_text(json.dumps({"version": HF_CACHE_VERSION, "source_sha256": digest}))
+        meta = {"version": HF_CACHE_VERSION, "source_sha256": digest, "weights": fingerprint(tmp / HF_WEIGHTS)}
+        (tmp / HF_META).write_text(json.dumps(meta))
         plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
-        replace_dir(tmp, entry, keep=lambda e: _cached_hf(e, digest))  # another process's finished entry is kept
+        replace_dir(tmp, entry, keep=lambda e: since is not None and _written_since(e, digest, since))
         return True
     except OSError as e:
         log.warning("could not write the HF model cache at %s: %s", entry, e)
@@ -113,7 +163,6 @@ def load_hf_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .embedded import EMBEDDED_MODELS, default_cache_dir
-    from .weight_cache import source_digest
 
     if name in EMBEDDED_MODELS:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -121,19 +170,21 @@ def load_hf_model(
         digest = source_digest(parts)
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         entry = cache / f"{name}-{digest[:16]}-hf-v{HF_CACHE_VERSION}"
-        if not _cached_hf(entry, digest):
+        looked = time.time()
+        loaded = _load_cached(entry, digest, dtype, device_map, **kwargs)
+        if loaded is not None:
+            model, tok = loaded
+        else:
             gguf = join_gguf(parts, cache / f"{name}-{digest[:16]}.gguf")
             log.info("dequantising %s for transformers (first load; later loads use the cache)", gguf.name)
             fresh, tok = hf_from_gguf(gguf)
-            saved = _save_hf(entry, fresh, tok, digest)
+            saved = _save_hf(entry, fresh, tok, digest, since=looked)  # another process's entry from meanwhile is kept
             del fresh
-        else:
-            saved = True
-        if saved:
-            model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
-            tok = AutoTokenizer.from_pretrained(str(entry))
-        else:  # no cache: dequantise again, straight onto the asked dtype and devices
-            model, _ = hf_from_gguf(gguf, dtype, device_map=device_map, **kwargs)
+            if saved:
+                model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
+                tok = AutoTokenizer.from_pretrained(str(entry))
+            else:  # no cache: dequantise again, straight onto the asked dtype and devices
+                model, _ = hf_from_gguf(gguf, dtype, device_map=device_map, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=device_map, **kwargs)
         tok = AutoTokenizer.from_pretrained(name)
