@@ -4,7 +4,7 @@ import pytest
 import torch
 from test_lasttoken import VARIANTS, _variant_model
 
-from site_lens.engine.backend import backend_for, last_logits
+from site_lens.engine.backend import backend_for, last_logits, padded_window
 from site_lens.engine.prompt_cache import PromptCache
 from site_lens.gate import AlphaGate, injection_hooks
 from site_lens.stages.generation import generate_greedy
@@ -57,11 +57,35 @@ def test_backends_agree_through_the_seam(variant):
         got[name] = out
     for key in got["hooked"]:
         assert torch.allclose(got["packed"][key], got["hooked"][key], atol=1e-5), (variant, key)
-    # and the reference itself: whole prompts through the hooked model with the gate at the last token
+    # and the reference itself: whole prompts through the model with the gate at the last token (a bridge's
+    # packed backend prefills and decodes on the bridge's own cache, so there its two backends share that path
+    # and only this reference tests it)
     tokens, mask, last = pad_right(PROMPTS, 0)
     want = last_logits(model, tokens, last, hooks=injection_hooks(model, t, alpha, last), attention_mask=mask)
     assert torch.allclose(got["hooked"]["gate"], want, atol=1e-5)
+    assert torch.allclose(got["hooked"]["prefill"], want, atol=1e-5)
     assert not torch.allclose(got["hooked"]["gate"], got["hooked"]["plain"], atol=1e-3)
+    if padded_window(model) is None:  # else generation keeps rows of other lengths apart (test_lasttoken)
+        assert torch.equal(got["hooked"]["decode"], _uncached_steps(model, t, alpha, [1, 2, 3, 4], 3))
+
+
+def _uncached_steps(model, t, alpha, first: list[int], n: int) -> torch.Tensor:
+    """Greedy steps after each prompt and its forced first token, every step a whole forward of the row alone with
+    the gate at the prompt's last token (its keys and values carry the injection, as the cache's do)."""
+    rows = [[*p, f] for p, f in zip(PROMPTS, first)]
+    steps = []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = []
+            for p, row in zip(PROMPTS, rows):
+                hooks = injection_hooks(model, t, alpha, torch.tensor([len(p) - 1]))
+                nxt.append(
+                    int(last_logits(model, torch.tensor([row]), torch.tensor([len(row) - 1]), hooks=hooks)[0].argmax())
+                )
+            for row, token in zip(rows, nxt):
+                row.append(token)
+            steps.append(nxt)
+    return torch.tensor(steps).float()
 
 
 def test_the_gate_formula_is_written_once(model, monkeypatch):

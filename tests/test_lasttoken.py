@@ -378,6 +378,27 @@ def test_decode_after_a_padded_prefill_equals_the_engines_own(variant, engine):
             runner.decode(nxt, state)
 
 
+@pytest.mark.parametrize("engine", engines_here())
+def test_batched_generation_equals_each_prompt_alone_under_a_sliding_window(engine):
+    """Right-padded rows of several lengths, a window of four: HookedTransformer masks its window by cache slot,
+    pads included, so such rows are generated apart; a bridge's masks follow positions. Either way each prompt's
+    tokens are the ones it gets alone, injected or not."""
+    from site_lens.engine.backend import padded_window
+    from site_lens.stages.generation import generate_greedy
+
+    model = _variant_model("gemma3-like", engine)
+    assert padded_window(model) == (4 if engine == "hooked" else None)
+    c = model.cfg
+    t = torch.randn(c.n_layers, c.n_heads, c.d_head, generator=torch.Generator().manual_seed(3))
+    alpha = torch.rand(c.n_layers, c.n_heads, generator=torch.Generator().manual_seed(4))
+    prompts = [[5, 9, 17, 3], [8, 8, 1, 30, 2, 11, 19], [3, 4, 5, 6], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    for hooks in (None, lambda last: injection_hooks(model, t, alpha, last)):
+        for backend in ("auto", "hooked"):
+            kw = dict(max_new_tokens=6, stop_ids=set(), prefill_hooks=hooks, backend=backend)
+            batched, _ = generate_greedy(model, prompts, **kw)
+            assert batched == [generate_greedy(model, [p], **kw)[0][0] for p in prompts], (hooks, backend)
+
+
 def test_generation_packed_equals_hooked_and_uncached(model):
     from site_lens.stages.generation import generate_greedy
 

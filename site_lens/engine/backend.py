@@ -171,6 +171,7 @@ class _Engine:
     pack: Callable[[Any], LastToken]  # the packed weights
     prefill: Callable[..., tuple[Tensor, Any]]  # PackedBackend.prefill
     pack_errors_fall_back: bool  # a packing error on the probe selects the reference (else it is raised)
+    padded_window: Callable[[Any], int | None]  # a sliding window whose mask counts cache slots, pads included
 
 
 def _hooked_blocker(model: Model) -> str | None:
@@ -212,8 +213,22 @@ def _bridge_packed_prefill(backend: PackedBackend, tokens, mask, last, hooks, ma
     return BridgeBackend(backend.model).prefill(tokens, mask, last, hooks, max_new)
 
 
+def _hooked_window(model: Model) -> int | None:
+    """TransformerLens masks local attention by cache slot (query slot minus key slot under the window), so a
+    right-padded row's decode steps sit past its pads and see fewer of its own tokens than it would alone."""
+    c = model.cfg
+    return c.window_size if c.use_local_attn and "local" in (c.attn_types or ["local"]) else None
+
+
 _HOOKED_ENGINE = _Engine(
-    HookedBackend, "the hooked model", lambda m: m.hook_dict, _hooked_blocker, _hooked_pack, _hooked_packed_prefill, False
+    HookedBackend,
+    "the hooked model",
+    lambda m: m.hook_dict,
+    _hooked_blocker,
+    _hooked_pack,
+    _hooked_packed_prefill,
+    False,
+    _hooked_window,
 )
 _BRIDGE_ENGINE = _Engine(  # a bridge rebuilds hook_dict per call: its points are read from the modules
     BridgeBackend,
@@ -223,6 +238,7 @@ _BRIDGE_ENGINE = _Engine(  # a bridge rebuilds hook_dict per call: its points ar
     _bridge_pack,
     _bridge_packed_prefill,
     True,
+    lambda m: None,  # the bridge's masks are built from positions (bridge_backend.attention_masks)
 )
 
 
@@ -252,6 +268,12 @@ def use_backend(model: Model, kind: str = "auto") -> None:
 
         raise ConfigError(f"unknown backend '{kind}'; use one of {', '.join(BACKENDS)}")
     _CHOICES.setdefault(model, _Choice()).kind = kind
+
+
+def padded_window(model: Model) -> int | None:
+    """The smallest sliding window of the model's cached decoding that counts pads (None: none does). Right-padded
+    rows decode as they would alone while a batch's longest prompt plus its new tokens fits in it."""
+    return _engine(model).padded_window(model)
 
 
 def packed_blocker(model: Model) -> str | None:

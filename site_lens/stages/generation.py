@@ -18,7 +18,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..engine.backend import Backend, Decoder, PackedBackend, PackedDecoder, backend_for, last_logits
+from ..engine.backend import (
+    Backend,
+    Decoder,
+    PackedBackend,
+    PackedDecoder,
+    backend_for,
+    last_logits,
+    padded_window,
+)
 from ..gate import HookFactory, Injection
 from ..threads import adapt, adaptive_threads
 from ..tokens import by_length, check_context, fit_batches, generation_stop_ids, pad_id, pad_right
@@ -76,7 +84,9 @@ def generate_greedy(
     stop = stop_ids if stop_ids is not None else generation_stop_ids(model)
     lengths = [len(p) + max_new_tokens for p in prompts]  # the KV cache grows while decoding
     chosen = backend_for(model, backend) if use_cache else None
-    for idx in fit_batches(order, lengths, batch_size, model.cfg.n_heads):
+    batches = fit_batches(order, lengths, batch_size, model.cfg.n_heads)
+    window = padded_window(model) if chosen is not None and chosen.kv_cache else None
+    for idx in _apart_where_pads_count(batches, prompts, max_new_tokens, window):
         adapt()
         batch = [prompts[i] for i in idx]
         settled = None if finished is None else (lambda j, toks, idx=idx: finished(idx[j], toks))
@@ -88,6 +98,18 @@ def generate_greedy(
             outs[i] = gen[j]
             first[i] = logits0[j].float().cpu()
     return outs, first
+
+
+def _apart_where_pads_count(
+    batches: list[list[int]], prompts: Sequence[Sequence[int]], max_new: int, window: int | None
+) -> Iterator[list[int]]:
+    """The batches, each split into prompts of one length where a sliding window that counts pads (``window``)
+    would reach past a shorter row's own tokens before its last new one: so every row decodes as it would alone."""
+    for idx in batches:
+        if window is None or max(len(prompts[i]) for i in idx) + max_new <= window:
+            yield idx
+        else:
+            yield from ([idx[j] for j in same] for same in by_length([len(prompts[i]) for i in idx]).values())
 
 
 class UncachedDecoder:
