@@ -152,7 +152,7 @@ def _engine(kind: str):
     return _bridge("llama", torch.float32)
 
 
-@pytest.mark.parametrize("kind", ["hooked", "bridge"])
+@pytest.mark.parametrize("kind", engines_here())
 def test_one_forward_and_one_backward_per_batch(kind, monkeypatch):
     """The whole (layer, head) map costs one forward and one backward pass per batch; batching changes nothing."""
     model = _engine(kind)
