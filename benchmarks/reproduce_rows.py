@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reproduce_rows.py --n 18 --draw-seed 0 \\
         --data ../shared/datasets/fv --report results/checks/reproduce_rows.md
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reproduce_rows.py --every --models gemma-3-270m \\
+        --methods icl --tasks ag_news --out runs/rerun --report results/checks/rerun.md
 
 Draws ``--n`` rows (seeded) from the committed rows.csv files of both models (seed 0 in
 ``results/MODEL``, seeds 1-2 in ``results/seeds/MODEL``): the (model, method) pairs are taken in
@@ -10,6 +12,8 @@ method on both models before it repeats one. Each row is recomputed by ``site_le
 the settings its folder's bench.json records, into a scratch folder, and its scores
 (first-token accuracy, prefix match, strict match, option accuracy, trainable parameters, test
 items) compared with the committed cells; timings are not compared. Exits 1 if any cell differs.
+``--every`` reruns every row that ``--models``, ``--methods`` and ``--tasks`` match instead of
+drawing; ``--out`` keeps each rerun (for ``update_rows.py``).
 """
 
 from __future__ import annotations
@@ -68,8 +72,9 @@ def cell(text: str | None) -> str:
     return "-" if text in (None, "") else text
 
 
-def rerun(rows: list[dict], data: Path, after=None) -> list[dict]:
-    """Each row recomputed; returns one result per row (new cells, differences, seconds)."""
+def rerun(rows: list[dict], data: Path, after=None, out: Path | None = None) -> list[dict]:
+    """Each row recomputed; returns one result per row (new cells, differences, seconds). With ``out``, each
+    rerun is kept under ``out``/its folder's path below results/ (for ``update_rows.py``)."""
     import site_lens as sl
     from site_lens.config import EvalConfig, SiteConfig
     from site_lens.experiments.bench import run_bench
@@ -88,7 +93,8 @@ def rerun(rows: list[dict], data: Path, after=None) -> list[dict]:
             models[r["model"]] = sl.load_model(r["model"])
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
-            new = run_bench(models[r["model"]], [r["task"]], [r["method"]], [int(r["seed"])], Path(tmp), data, cfg)
+            where = out / r["folder"].relative_to(ROOT / "results") if out is not None else Path(tmp)
+            new = run_bench(models[r["model"]], [r["task"]], [r["method"]], [int(r["seed"])], where, data, cfg)
         seconds = time.perf_counter() - t0
         (row,) = new
         cells = {k: fmt(row.get(k)) for k in COMPARED}
@@ -109,7 +115,9 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
         (
             f"`{' '.join(['benchmarks/reproduce_rows.py', *sys.argv[1:]]).replace(str(args.data), 'DATA')}` "
             "(OMP_NUM_THREADS=1; DATA: the 45 FV task folders, as `site-lens data fv` writes them), "
-            f"{len(results)} rows drawn with draw seed {args.draw_seed}; {time.strftime('%Y-%m-%d')}."
+            f"{len(results)} rows "
+            + ("(every matching row)" if args.every else f"drawn with draw seed {args.draw_seed}")
+            + f"; {time.strftime('%Y-%m-%d')}."
         ),
         (
             "Compared: first-token accuracy, prefix match, strict match, option accuracy, trainable parameters, "
@@ -137,6 +145,9 @@ def main() -> int:
     ap.add_argument("--methods", default=None, help="comma list: draw only these methods' rows")
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared/datasets/fv", help="the FV task folder")
     ap.add_argument("--report", type=Path, default=None, help="also write the table here (Markdown)")
+    ap.add_argument("--tasks", default=None, help="comma list: draw only these tasks' rows")
+    ap.add_argument("--every", action="store_true", help="rerun every matching row instead of drawing --n")
+    ap.add_argument("--out", type=Path, default=None, help="keep the reruns here (for update_rows.py)")
     ap.add_argument("--dry-run", action="store_true", help="print the draw and stop")
     args = ap.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -149,7 +160,12 @@ def main() -> int:
     if args.methods:
         keep = {m.strip() for m in args.methods.split(",")}
         rows = [r for r in rows if r["method"] in keep]
-    picked = draw(rows, args.n, args.draw_seed)
+    if args.tasks:
+        keep = {t.strip() for t in args.tasks.split(",")}
+        rows = [r for r in rows if r["task"] in keep]
+    if not rows:
+        ap.error("no committed row matches --models, --methods and --tasks")
+    picked = rows if args.every else draw(rows, args.n, args.draw_seed)
     if args.dry_run:
         for r in picked:
             print(r["model"], r["task"], r["method"], r["seed"])
@@ -161,7 +177,7 @@ def main() -> int:
             args.report.write_text(report(results, args))
 
     picked.sort(key=lambda r: models.index(r["model"]))  # one model load each
-    results = rerun(picked, args.data, write)
+    results = rerun(picked, args.data, write, args.out)
     print(report(results, args))
     return 1 if any(r["diffs"] for r in results) else 0
 
