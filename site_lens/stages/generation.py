@@ -57,7 +57,9 @@ def generate_greedy(
     those same absolute positions. Rows stop at any of ``stop_ids``, and once
     ``finished(prompt index, tokens so far)`` is true. Prompts are
     sorted by length and right-padded; an explicit attention mask gives the
-    rotary positions and masks the pads, so batching does not change results.
+    rotary positions and masks the pads, so batching does not change results
+    (HookedTransformer's sliding windows count the pads: where one would reach
+    a shorter row's own tokens, rows of other lengths are generated apart).
     With the cache, steps after the first run on the model's backend, chosen once
     per call (``backend.backend_for``; ``backend="hooked"`` forces the hooked
     model, as do hooks attached to the model). Tests check the packed, hooked and
