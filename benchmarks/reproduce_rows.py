@@ -96,7 +96,7 @@ def rerun(rows: list[dict], data: Path, after=None, out: Path | None = None) -> 
             where = out / r["folder"].relative_to(ROOT / "results") if out is not None else Path(tmp)
             new = run_bench(models[r["model"]], [r["task"]], [r["method"]], [int(r["seed"])], where, data, cfg)
         seconds = time.perf_counter() - t0
-        (row,) = new
+        (row,) = [n for n in new if (n["task"], n["method"], int(n["seed"])) == (r["task"], r["method"], int(r["seed"]))]
         cells = {k: fmt(row.get(k)) for k in COMPARED}
         diffs = {k: (cell(r.get(k)), cells[k]) for k in COMPARED if cell(r.get(k)) != cell(cells[k])}
         results.append({**r, "new": cells, "diffs": diffs, "seconds": seconds})
