@@ -13,7 +13,8 @@ the settings its folder's bench.json records, into a scratch folder, and its sco
 (first-token accuracy, prefix match, strict match, option accuracy, trainable parameters, test
 items) compared with the committed cells; timings are not compared. Exits 1 if any cell differs.
 ``--every`` reruns every row that ``--models``, ``--methods`` and ``--tasks`` match instead of
-drawing; ``--out`` keeps each rerun (for ``update_rows.py``).
+drawing; ``--out`` keeps each rerun (for ``update_rows.py``); a row already in that folder is
+read back, not run again, so a stopped rerun resumes (use an empty folder for fresh numbers).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def main() -> int:
     ap.add_argument("--report", type=Path, default=None, help="also write the table here (Markdown)")
     ap.add_argument("--tasks", default=None, help="comma list: draw only these tasks' rows")
     ap.add_argument("--every", action="store_true", help="rerun every matching row instead of drawing --n")
-    ap.add_argument("--out", type=Path, default=None, help="keep the reruns here (for update_rows.py)")
+    ap.add_argument("--out", type=Path, default=None, help="keep the reruns here, for update_rows.py (rows already there are reused: resume)")
     ap.add_argument("--dry-run", action="store_true", help="print the draw and stop")
     args = ap.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]

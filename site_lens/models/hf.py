@@ -73,14 +73,16 @@ HF_NEEDED = ("config.json", "tokenizer_config.json")  # beside the weights: what
 def _entry_problem(entry: Path, digest: str) -> str | None:
     """Why the transformers cache entry cannot be used for the source ``digest`` (None: it can), as the weight
     cache judges its own: metadata that matches, a weights file of the recorded size and header, its files there."""
+    if not entry.exists():
+        return "absent"
     try:
         meta = json.loads((entry / HF_META).read_text())
-    except FileNotFoundError:
-        return "absent"
     except (OSError, ValueError):
-        return f"{HF_META} is unreadable"
+        return f"{HF_META} is missing or unreadable"
     if meta.get("source_sha256") != digest or meta.get("version") != HF_CACHE_VERSION:
         return "it does not match its source"
+    if "weights" not in meta:
+        return "it was written without a record of its weights file (by an older site-lens)"
     try:
         if meta.get("weights") != fingerprint(entry / HF_WEIGHTS):
             return f"{HF_WEIGHTS} is damaged or replaced"
@@ -100,20 +102,22 @@ def _written_since(entry: Path, digest: str, since: float) -> bool:
 
 def _load_cached(entry: Path, digest: str, dtype: torch.dtype, device_map: Any, **kwargs: Any) -> tuple | None:
     """(model, tokenizer) from the cache entry, or None when it is absent, stale or damaged (a warning unless
-    absent: the caller rebuilds it)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    absent: the caller rebuilds it). The entry's own files are judged before the caller's arguments meet them, so
+    a bad ``device_map`` or keyword raises as it would anywhere, leaving the entry alone."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     problem = _entry_problem(entry, digest)
+    if problem is None:
+        try:
+            config, tok = AutoConfig.from_pretrained(str(entry)), AutoTokenizer.from_pretrained(str(entry))
+        except Exception as e:  # a config or tokenizer file damaged since it was written
+            problem = f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     if problem is not None:
         if problem != "absent":
             log.warning("transformers cache %s: %s; rebuilding", entry, problem)
         return None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(entry), dtype=dtype, device_map=device_map, **kwargs)
-        return model, AutoTokenizer.from_pretrained(str(entry))
-    except Exception as e:  # e.g. a config or tokenizer file damaged since: rebuild rather than fail
-        log.warning("transformers cache %s unreadable (%s); rebuilding", entry, str(e).splitlines()[0] if str(e) else e)
-        return None
+    model = AutoModelForCausalLM.from_pretrained(str(entry), config=config, dtype=dtype, device_map=device_map, **kwargs)
+    return model, tok
 
 
 def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str, since: float | None = None) -> bool:
@@ -144,6 +148,10 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str, since: float 
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         return False
+    except BaseException:  # nothing half-written is left behind
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def load_hf_model(

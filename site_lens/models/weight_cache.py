@@ -97,6 +97,10 @@ def save(entry: Path, model: Model, digest: str, since: float | None = None) -> 
         log.warning("could not write the weight cache at %s: %s", entry, e)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # nothing half-written is left behind
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _written_since(entry: Path, digest: str, since: float) -> bool:
