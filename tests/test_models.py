@@ -16,6 +16,21 @@ def test_unknown_model_is_one_line_error():
     assert "\n" not in str(e.value)
 
 
+def test_the_hooked_engine_where_transformer_lens_has_none_is_one_line_error():
+    """TransformerLens 4 removed HookedTransformer: asking for it names the way out, before any loading; on 3.x
+    it is the default engine."""
+    from site_lens.models.engines import HOOKED, check_engine, default_engine, hooked_class
+
+    if HOOKED is not None:
+        assert check_engine("hooked") == "hooked" == default_engine() and hooked_class() is HOOKED
+        return
+    assert default_engine() == "bridge"
+    for ask in (lambda: load_model("smollm2-135m", engine="hooked"), hooked_class):
+        with pytest.raises(ModelError, match="TransformerLens 3.x .*removed in 4.0.*bridge") as e:
+            ask()
+        assert "\n" not in str(e.value)
+
+
 def test_unknown_dtype():
     with pytest.raises(ModelError, match="unknown dtype"):
         load_model("smollm2-135m", dtype="float7")
