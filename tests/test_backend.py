@@ -70,22 +70,18 @@ def test_backends_agree_through_the_seam(variant):
 
 
 def _uncached_steps(model, t, alpha, first: list[int], n: int) -> torch.Tensor:
-    """Greedy steps after each prompt and its forced first token, every step a whole forward of the row alone with
-    the gate at the prompt's last token (its keys and values carry the injection, as the cache's do)."""
-    rows = [[*p, f] for p, f in zip(PROMPTS, first)]
-    steps = []
+    """Greedy steps after each prompt and its forced first token from generation's reference decoder: every step
+    re-runs each whole row, the gate at the prompt's last token (so its keys and values carry the injection, as
+    the cache's do)."""
+    from site_lens.stages.generation import UncachedDecoder
+
+    decoder = UncachedDecoder(model, PROMPTS, lambda last: injection_hooks(model, t, alpha, last))
+    nxt, steps, running = torch.tensor(first), [], torch.zeros(len(PROMPTS), dtype=torch.bool)
     with torch.no_grad():
         for _ in range(n):
-            nxt = []
-            for p, row in zip(PROMPTS, rows):
-                hooks = injection_hooks(model, t, alpha, torch.tensor([len(p) - 1]))
-                nxt.append(
-                    int(last_logits(model, torch.tensor([row]), torch.tensor([len(row) - 1]), hooks=hooks)[0].argmax())
-                )
-            for row, token in zip(rows, nxt):
-                row.append(token)
+            nxt = decoder.step(nxt, running)
             steps.append(nxt)
-    return torch.tensor(steps).float()
+    return torch.stack(steps).float()
 
 
 def test_the_gate_formula_is_written_once(model, monkeypatch):
