@@ -64,7 +64,7 @@ def tiny(**overrides):
 HF_FIELDS = {**TINY_HF_FIELDS, "d_vocab": "vocab_size", "initializer_range": "initializer_range"}
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "Qwen2ForCausalLM": "qwen2"}
 ARCHITECTURES |= {"MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3", "GPTNeoXForCausalLM": "gpt_neox"}
-ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm", "GPT2LMHeadModel": "gpt2"}
+ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm", "GPT2LMHeadModel": "gpt2", "ArceeForCausalLM": "arcee"}
 # partial or adjacent-pair rotary: a Llama-like block whose transformers model has it (GLM: adjacent pairs)
 ROTARY = {False: "Phi3ForCausalLM", True: "GlmForCausalLM"}
 # values that are what the bridge's Llama-like and Gemma-3-like blocks are anyway
@@ -81,7 +81,7 @@ IMPLIED = {
 
 def tiny_bridge_like(**overrides):
     """The TransformerBridge counterpart of ``tiny(**overrides)``: a tiny random Llama (Gemma 3 where Q/K norms or
-    post-sublayer norms are asked for, Phi-3 or GLM for partial or adjacent-pair rotary; the named
+    post-sublayer norms are asked for, Phi-3 or GLM for partial or adjacent-pair rotary, Arcee for a plain MLP; the named
     ``original_architecture`` otherwise) of the same shape, with the same defaults (2 layers, d_model 32, 4 heads
     of 8, 2 key/value heads, d_mlp 64, n_ctx 64).
 
@@ -106,6 +106,10 @@ def tiny_bridge_like(**overrides):
     if o.get("normalization_type") == "LN":  # a LayerNorm model: GPT-NeoX's (off the packed engine's list)
         o.pop("normalization_type"), o.pop("final_rms", None)
         o.setdefault("original_architecture", "GPTNeoXForCausalLM")
+    if o.get("gated_mlp") is False:  # a plain MLP: GPT-NeoX's under LayerNorm, Arcee's (relu squared) under RMSNorm
+        o.pop("gated_mlp")
+        if o.get("normalization_type", "RMS") == "RMS":
+            o.setdefault("original_architecture", "ArceeForCausalLM")
     for key, value in IMPLIED.items():
         given = o.pop(key, value)
         if given != value:

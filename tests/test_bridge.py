@@ -1,4 +1,4 @@
-"""The TransformerBridge engine on tiny random configs of seven architectures (offline, seconds).
+"""The TransformerBridge engine on tiny random configs of ten architectures (offline, seconds).
 
 Where TransformerLens 3.9's HookedTransformer has the architecture (Llama, Gemma 3), the bridge's
 task embedding and first training losses are held to it; everywhere, the bridge's logits equal

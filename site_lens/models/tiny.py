@@ -11,8 +11,8 @@ from .convert import PROCESSING_FLAGS, finalize, new_hooked
 from .engines import ModelError, hooked_class
 from .identity import register
 
-# the architectures tiny_hf builds (transformers model types)
-TINY_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "glm", "phi3")
+# the architectures tiny_hf builds (transformers model types); Arcee's is RMSNorm with a plain (not gated) MLP
+TINY_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "mistral", "gpt2", "gpt_neox", "glm", "phi3", "arcee")
 
 
 def build_cfg(**overrides: Any) -> Any:
@@ -141,8 +141,9 @@ def tiny_hf_config(arch: str, vocab: int, **overrides: Any) -> Any:
 
     base = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
     base.update(max_position_embeddings=128, tie_word_embeddings=False)
-    if arch in ("llama", "mistral", "qwen2", "qwen3"):
+    if arch in ("llama", "mistral", "qwen2", "qwen3", "arcee"):
         cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config}
+        cls["arcee"] = tf.ArceeConfig  # Llama's block with an up-projection, relu squared, no gate
         d = dict(base, num_key_value_heads=2, head_dim=8)
         if arch == "mistral":
             d["sliding_window"] = None
