@@ -575,9 +575,16 @@ def test_a_write_error_is_one_line(failure, tmp_path, monkeypatch):
         monkeypatch.setattr(fv.os, "replace", no_space)
         match = rf"^cannot write {at}/LICENSE-soft-injection\.txt \(No space left on device\)$"
     else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes into a read-only folder (the no-space cases cover this path)")
         out.chmod(0o500)
+        if os.geteuid() == 0:  # a mode does not stop root: the folder's refusal is raised where it would come
+            mkdir = Path.mkdir
+
+            def refused(self, *args, **kwargs):
+                if self.parent == out:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+                return mkdir(self, *args, **kwargs)
+
+            monkeypatch.setattr(Path, "mkdir", refused)
         match = rf"^cannot write {at}/\.antonym\..*\.fv\.tmp \(Permission denied\)$"
     try:
         with pytest.raises(SourceError, match=match) as e:
