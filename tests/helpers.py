@@ -64,7 +64,8 @@ def tiny(**overrides):
 HF_FIELDS = {**TINY_HF_FIELDS, "d_vocab": "vocab_size", "initializer_range": "initializer_range"}
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "Qwen2ForCausalLM": "qwen2"}
 ARCHITECTURES |= {"MistralForCausalLM": "mistral", "Qwen3ForCausalLM": "qwen3", "GPTNeoXForCausalLM": "gpt_neox"}
-ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm", "GPT2LMHeadModel": "gpt2", "ArceeForCausalLM": "arcee"}
+ARCHITECTURES |= {"Phi3ForCausalLM": "phi3", "GlmForCausalLM": "glm", "GPT2LMHeadModel": "gpt2"}
+ARCHITECTURES |= {"ArceeForCausalLM": "arcee"}
 # partial or adjacent-pair rotary: a Llama-like block whose transformers model has it (GLM: adjacent pairs)
 ROTARY = {False: "Phi3ForCausalLM", True: "GlmForCausalLM"}
 # values that are what the bridge's Llama-like and Gemma-3-like blocks are anyway
@@ -107,9 +108,9 @@ def tiny_bridge_like(**overrides):
         o.pop("normalization_type"), o.pop("final_rms", None)
         o.setdefault("original_architecture", "GPTNeoXForCausalLM")
     if o.get("gated_mlp") is False:  # a plain MLP: GPT-NeoX's under LayerNorm, Arcee's (relu squared) under RMSNorm
-        o.pop("gated_mlp")
-        if o.get("normalization_type", "RMS") == "RMS":
-            o.setdefault("original_architecture", "ArceeForCausalLM")
+        o.setdefault("original_architecture", "ArceeForCausalLM")
+        if o["original_architecture"] in ("GPTNeoXForCausalLM", "ArceeForCausalLM"):
+            o.pop("gated_mlp")  # another named architecture's MLP is gated: skipped below
     for key, value in IMPLIED.items():
         given = o.pop(key, value)
         if given != value:

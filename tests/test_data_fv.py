@@ -577,14 +577,14 @@ def test_a_write_error_is_one_line(failure, tmp_path, monkeypatch):
     else:
         out.chmod(0o500)
         if os.geteuid() == 0:  # a mode does not stop root: the folder's refusal is raised where it would come
-            mkdir = Path.mkdir
+            mkdir = os.mkdir
 
-            def refused(self, *args, **kwargs):
-                if self.parent == out:
-                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-                return mkdir(self, *args, **kwargs)
+            def refused(path, *args, **kwargs):
+                if Path(path).parent == out:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+                return mkdir(path, *args, **kwargs)
 
-            monkeypatch.setattr(Path, "mkdir", refused)
+            monkeypatch.setattr(os, "mkdir", refused)
         match = rf"^cannot write {at}/\.antonym\..*\.fv\.tmp \(Permission denied\)$"
     try:
         with pytest.raises(SourceError, match=match) as e:

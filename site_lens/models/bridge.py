@@ -5,7 +5,7 @@ tokenizer saved in a folder, which the bridge's boot reads offline);
 ``load_model(..., engine="bridge")`` uses it for the embedded models (the float32
 checkpoint ``hf.load_hf_model`` keeps in the weight cache) and for hub names,
 with accelerate's ``device_map`` / ``max_memory`` for models split over devices.
-``tiny.tiny_bridge`` builds tiny random ones of seven architectures for tests.
+``tiny.tiny_bridge`` builds tiny random ones of ten architectures for tests.
 
 The bridge runs the native model: ``hook_z`` is the input of the attention
 output projection, exactly where the HookedTransformer engine (loaded without
