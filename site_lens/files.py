@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,20 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON atomically (temp file + fsync + rename): never half-written."""
     write_text_atomic(path, json.dumps(obj, indent=1))
+
+
+def write_dir(entry: Path, fill: Callable[[Path], None], keep: Callable[[Path], bool]) -> bool:
+    """Write the folder ``entry`` whole or not at all: ``fill(tmp)`` writes a temporary folder beside it, which gets
+    plain modes and is put in place by ``replace_dir`` (its return value). On any error the temporary folder is
+    removed and the error raised."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
+    try:
+        fill(tmp)
+        plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared folder from other users
+        return replace_dir(tmp, entry, keep)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once it became the entry
 
 
 def replace_dir(tmp: Path, entry: Path, keep: Callable[[Path], bool]) -> bool:

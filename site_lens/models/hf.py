@@ -37,8 +37,6 @@ import inspect
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -48,7 +46,7 @@ import torch
 from torch import Tensor
 
 from ..adapter import Adapter, AdapterError
-from ..files import plain_modes, replace_dir
+from ..files import write_dir
 from ..gate import AlphaGate, Injection
 from ..tokens import tokenizer_pad_id, tokenizer_stop_ids
 from .convert import PROCESSING_FLAGS, hf_architecture, hf_from_gguf, join_gguf
@@ -126,13 +124,10 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str, since: float 
     ``since``: when the caller found no usable entry (``time.time()``). A usable entry for ``digest`` written
     after that, by another process building the same model, is kept; anything else there is replaced.
     """
-    tmp = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
-        # the weights as dequantised: a plain float32 checkpoint (GGUF-loaded models refuse save_pretrained)
-        from safetensors.torch import save_model
+    # the weights as dequantised: a plain float32 checkpoint (GGUF-loaded models refuse save_pretrained)
+    from safetensors.torch import save_model
 
+    def fill(tmp: Path) -> None:
         cfg = model.config.to_dict()
         cfg.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -140,18 +135,13 @@ def _save_hf(entry: Path, model: Any, tokenizer: Any, digest: str, since: float 
         tokenizer.save_pretrained(str(tmp))
         meta = {"version": HF_CACHE_VERSION, "source_sha256": digest, "weights": fingerprint(tmp / HF_WEIGHTS)}
         (tmp / HF_META).write_text(json.dumps(meta))
-        plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
-        replace_dir(tmp, entry, keep=lambda e: since is not None and _written_since(e, digest, since))
+
+    try:
+        write_dir(entry, fill, keep=lambda e: since is not None and _written_since(e, digest, since))
         return True
     except OSError as e:
         log.warning("could not write the HF model cache at %s: %s", entry, e)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         return False
-    except BaseException:  # nothing half-written is left behind
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_hf_model(

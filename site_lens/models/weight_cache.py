@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..files import plain_modes, replace_dir
+from ..files import write_dir
 from ..types import Model
 from .convert import finalize, new_hooked
 
@@ -77,10 +75,7 @@ def save(entry: Path, model: Model, digest: str, since: float | None = None) -> 
     """
     from safetensors.torch import save_file
 
-    tmp = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=entry.name + ".tmp"))
+    def fill(tmp: Path) -> None:
         save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, str(tmp / WEIGHTS_FILE))
         model.tokenizer.save_pretrained(str(tmp / "tokenizer"))
         cfg = {k: v for k, v in model.cfg.to_dict().items() if _jsonable(v)}
@@ -91,16 +86,11 @@ def save(entry: Path, model: Model, digest: str, since: float | None = None) -> 
             "cfg": cfg,
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-        plain_modes(tmp)  # mkdtemp's 0700 and safetensors' 0600 would hide a shared cache from other users
-        replace_dir(tmp, entry, keep=lambda e: since is not None and _written_since(e, digest, since))
+
+    try:
+        write_dir(entry, fill, keep=lambda e: since is not None and _written_since(e, digest, since))
     except OSError as e:  # a read-only cache must not stop the user
         log.warning("could not write the weight cache at %s: %s", entry, e)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:  # nothing half-written is left behind
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _written_since(entry: Path, digest: str, since: float) -> bool:
